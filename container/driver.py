@@ -1,0 +1,202 @@
+"""The in-container driver: contract in, torchrun, failure file and artifacts out.
+
+    python -m trainyard.container.driver [--root /opt/ml] [--log-dir DIR] [--status-file PATH]
+
+1. reads `<root>/input/config/trainyard.json` and renders the contract again to get the SM_* environment;
+2. fetches the code (`sourcedir.tar.gz`) into `<root>/code`;
+3. runs the command built by `build_torchrun_command` (torchrun's own launcher, in this process, so that a
+   failure comes back as structured data: rank, exit code or signal), every rank's output prefixed `[algo-2/3]`;
+4. on failure writes `<root>/output/failure` (never over one the user wrote) naming host, rank, exit code or
+   signal and the rank's last lines;
+5. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
+
+Exit status: 0 success, 1 failure, 128+N when stopped by signal N.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tarfile
+import tempfile
+import time
+
+from trainyard.container.contract import JOB_FILE, render_contract, user_args
+from trainyard.container.failure import RankFailure, root_cause, tail
+
+TORCHRUN = ("-m", "torch.distributed.run")
+
+
+def build_torchrun_command(
+    *,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+    entry_point: str,
+    entry_kind: str,
+    args: list[str],
+    log_dir: str,
+    python: str = sys.executable,
+) -> list[str]:
+    """The launch command for one host. Static rendezvous on the first host, so node rank = host index."""
+    cmd = [python, *TORCHRUN,
+           "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc_per_node),
+           "--master-addr", master_addr, "--master-port", str(master_port),
+           "--max-restarts", "0",
+           # how often the agent polls its workers (s): a failure is noticed within this time
+           "--monitor-interval", "0.2",
+           "--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
+    if entry_kind == "module":
+        cmd.append("--module")
+    return [*cmd, entry_point, *args]
+
+
+def _say(host: str, msg: str) -> None:
+    print(f"[{host}] driver: {msg}", flush=True)
+
+
+def fetch_code(code_uri: str, code_dir: str) -> None:
+    from trainyard.sdk import storage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = os.path.join(tmp, "sourcedir.tar.gz")
+        storage.get_file(code_uri, archive)
+        with tarfile.open(archive) as tar:
+            tar.extractall(code_dir, filter="data")
+
+
+def run_torchrun(cmd: list[str], cwd: str, host: str) -> tuple[int, RankFailure | None]:
+    """Run torchrun's launcher in this process. Returns (exit status, root-cause failure or None)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.chdir(cwd)
+    try:
+        run(parse_args(cmd[1 + len(TORCHRUN) :]))
+        return 0, None
+    except SignalException as e:
+        return 128 + int(e.sigval), None
+    except ChildFailedError as e:
+        failures = []
+        for rank, f in e.failures.items():
+            failures.append(_rank_failure(host, rank, f))
+        return 1, root_cause(failures)
+
+
+def _rank_failure(host: str, rank: int, f) -> RankFailure:
+    text, when = "", float(f.timestamp)
+    logs = os.path.dirname(f.error_file) if f.error_file else ""
+    stderr = os.path.join(logs, "stderr.log")
+    if os.path.exists(stderr):  # the time of its last words is a better clock than torchrun's whole seconds
+        when = os.path.getmtime(stderr)
+        with open(stderr, errors="replace") as fh:
+            text = tail(fh.read())
+    if not text and f.message and "To enable traceback" not in str(f.message):
+        text = tail(str(f.message))
+    signal = f.signal_name() if f.exitcode < 0 else ""
+    return RankFailure(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, signal=signal,
+                       time=when, last_lines=text)
+
+
+def upload_artifacts(spec, root: str) -> list[str]:
+    """Tar the model and the output data to `<output_path>/<job>/output/`. Returns the URIs written."""
+    from trainyard.sdk import storage
+
+    prefix = storage.output_prefix(spec.output_path, spec.job_name)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for src, name in ((f"{root}/model", "model.tar.gz"), (f"{root}/output/data", "output.tar.gz")):
+            archive = os.path.join(tmp, name)
+            with tarfile.open(archive, "w:gz") as tar:
+                for entry in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+                    tar.add(os.path.join(src, entry), arcname=entry)
+            storage.put_file(archive, f"{prefix}/{name}")
+            written.append(f"{prefix}/{name}")
+    return written
+
+
+def write_failure(root: str, reason: str) -> None:
+    """`<root>/output/failure`, unless the user's script already wrote one."""
+    path = f"{root}/output/failure"
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        return
+    with open(path, "w") as fh:
+        fh.write(reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainyard.sdk.spec import JobSpec
+
+    p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
+    p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
+    p.add_argument("--log-dir", default=None, help="torchrun's per-rank log files (default: a temporary folder)")
+    p.add_argument("--status-file", default=None, help="JSON result of this host (default: <root>/output/host-status.json)")
+    a = p.parse_args(argv)
+    root = a.root.rstrip("/")
+    status_file = a.status_file or f"{root}/output/host-status.json"
+
+    with open(f"{root}/{JOB_FILE}") as fh:
+        job = json.load(fh)
+    spec = JobSpec.model_validate(job["spec"])
+    index = job["host_index"]
+    host = spec.hosts[index]
+    contract = render_contract(spec, index, root=root, master_addr=job["master_addr"], master_port=job["master_port"],
+                               network_interface=job["network_interface"], num_cpus=job["num_cpus"])
+    os.environ.update(contract.env)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # every line of rank R on this host reaches the log as "[algo-2/R] ..."
+    os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{host}/${{rank}}] "
+
+    status: dict = {"host": host, "started": time.time()}
+    failure: RankFailure | None = None
+    reason = ""
+    code_dir = f"{root}/code"
+    try:
+        if spec.code_uri:
+            _say(host, f"fetching code from {spec.code_uri}")
+            fetch_code(spec.code_uri, code_dir)
+        if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
+            raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
+        log_dir = a.log_dir or tempfile.mkdtemp(prefix="trainyard-torchrun-")
+        cmd = build_torchrun_command(
+            nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
+            master_addr=job["master_addr"], master_port=job["master_port"], entry_point=spec.entry_point,
+            entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
+        )
+        _say(host, "launching " + " ".join(cmd[1:]))
+        code, failure = run_torchrun(cmd, code_dir, host)
+        if failure is not None:
+            reason = failure.reason()
+    except Exception as e:  # the driver itself failed: the job fails with that reason
+        code, reason = 1, f"{host} driver: {type(e).__name__}: {e}"
+    status.update(exit_code=code, finished=time.time())
+    if code == 1:
+        write_failure(root, reason)
+        with open(f"{root}/output/failure") as fh:
+            reason = fh.read(1024)
+        _say(host, "FAILED: " + (reason.splitlines() or [""])[0])
+    if index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
+        try:
+            _say(host, "uploading model and output data")
+            status["artifacts"] = upload_artifacts(spec, root)
+        except Exception as e:
+            if code == 0:
+                code, reason = 1, f"{host} driver: uploading artifacts failed: {type(e).__name__}: {e}"
+                write_failure(root, reason)
+            _say(host, f"uploading artifacts failed: {e}")
+    status.update(exit_code=code, reason=reason, failure=failure.to_dict() if failure else None)
+    tmp = status_file + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(status, fh)
+    os.replace(tmp, status_file)
+    _say(host, {0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

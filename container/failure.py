@@ -1,0 +1,57 @@
+"""Which rank failed first, and the FailureReason a user reads.
+
+When one rank dies, its peers fail moments later with collective errors (a gloo pair closed, an
+NCCL communicator aborted). Those are echoes, not causes: a failure whose last lines look like one
+ranks after any failure that does not; then the earliest wins.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+FAILURE_REASON_LIMIT = 1024  # SageMaker keeps the first 1024 characters of /opt/ml/output/failure
+LAST_LINES = 20
+
+_ECHO = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ProcessGroupGloo|DistNetworkError"
+    r"|DistBackendError|NCCL communicator was aborted|Socket Timeout|recvBytes|Timed out waiting"
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class RankFailure:
+    host: str
+    rank: int
+    local_rank: int
+    exitcode: int
+    """Exit code; negative for a signal (-9 is SIGKILL)."""
+    signal: str
+    """Signal name when exitcode < 0, else empty."""
+    time: float
+    last_lines: str
+
+    @property
+    def is_echo(self) -> bool:
+        return bool(_ECHO.search(self.last_lines))
+
+    def reason(self) -> str:
+        how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
+        head = f"{self.host} rank {self.rank} (local rank {self.local_rank}) {how}"
+        body = self.last_lines.strip()
+        text = f"{head}:\n{body}" if body else head
+        if len(text) > FAILURE_REASON_LIMIT:  # keep the head and the end of the traceback
+            keep = FAILURE_REASON_LIMIT - len(head) - len(":\n...\n")
+            text = f"{head}:\n...\n{body[-keep:]}"
+        return text
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def root_cause(failures: list[RankFailure]) -> RankFailure:
+    """The failure that caused the others: non-echo first, then earliest, then lowest rank."""
+    return min(failures, key=lambda f: (f.is_echo, f.time, f.rank))
+
+
+def tail(text: str, lines: int = LAST_LINES) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])

@@ -1,0 +1,104 @@
+"""A local job's folder and its status file: written by the supervisor, read by `Job` handles.
+
+    $TRAINYARD_HOME/jobs/<job>/
+        spec.json        the JobSpec
+        runtime.json     endpoint, master port, whether hosts get a private /opt/ml
+        status.json      TrainingJobStatus, transitions, FailureReason (atomic rewrites)
+        hosts/algo-N/    each host's /opt/ml root
+        logs/algo-N.log  each host's driver output (rank-prefixed lines); logs/supervisor.log
+        torchrun/algo-N/ torchrun's per-rank log files
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+
+TERMINAL = ("Completed", "Failed", "Stopped")
+
+
+def jobs_root() -> str:
+    from trainyard.sdk.store import trainyard_home
+
+    return os.path.join(trainyard_home(), "jobs")
+
+
+def job_dir(job_name: str) -> str:
+    return os.path.join(jobs_root(), job_name)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+class Status:
+    """The status document, with SageMaker's secondary-status transitions."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.doc = read_json(path) if os.path.exists(path) else {
+            "TrainingJobStatus": "InProgress", "SecondaryStatus": "Starting", "SecondaryStatusTransitions": [],
+            "CreationTime": now_iso(),
+        }
+
+    def transition(self, secondary: str, message: str, *, status: str | None = None) -> None:
+        t = now_iso()
+        trans = self.doc["SecondaryStatusTransitions"]
+        if trans and "EndTime" not in trans[-1]:
+            trans[-1]["EndTime"] = t
+        entry = {"Status": secondary, "StartTime": t, "StatusMessage": message}
+        if status in TERMINAL:
+            entry["EndTime"] = t
+            self.doc["TrainingEndTime"] = t
+        trans.append(entry)
+        self.doc["SecondaryStatus"] = secondary
+        if status:
+            self.doc["TrainingJobStatus"] = status
+        if secondary == "Training":
+            self.doc["TrainingStartTime"] = t
+        self.doc["LastModifiedTime"] = t
+        self.save()
+
+    def update(self, **fields) -> None:
+        self.doc.update(fields)
+        self.doc["LastModifiedTime"] = now_iso()
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.path, self.doc)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,230 @@
+"""JobSpec: the one serialisable description of a training job, identical for every backend.
+
+Everything the user passes to `Estimator(...)` and `fit(...)` is validated into a JobSpec; backends
+see nothing else. It round-trips through JSON (`to_json` / `from_json`).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from trainyard.sdk import catalog
+from trainyard.sdk.errors import ConfigError
+from trainyard.sdk.uris import check_s3_uri, check_storage_uri
+
+# SageMaker's rules: channel names are [A-Za-z0-9.-_] up to 64 characters; job names are
+# alphanumerics and hyphens up to 63 characters, starting with a letter or digit.
+_CHANNEL = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
+_JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9]){0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# distribution keys understood today; others are refused rather than silently ignored
+DISTRIBUTION_KEYS = ("torch_distributed", "pytorchddp", "smdistributed", "mpi")
+DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
+
+
+class Channel(BaseModel):
+    """One input channel: `/opt/ml/input/data/<name>` inside the job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    uri: str
+    distribution: Literal["FullyReplicated", "ShardedByS3Key"] = "FullyReplicated"
+    input_mode: Literal["File"] = "File"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _CHANNEL.match(v):
+            raise ValueError(f"invalid channel name {v!r}: use 1-64 letters, digits, '.', '-' or '_'")
+        return v
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        return check_storage_uri("uri", v)
+
+
+class JobSpec(BaseModel):
+    """A fully validated job. `job_name` is None until `fit()` names the job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_name: str | None = None
+    entry_point: str
+    """Script path relative to the code root (`train.py`), or an installed module (`trainyard.engine.train`)."""
+    entry_kind: Literal["script", "module"]
+    code_uri: str | None = None
+    """`sourcedir.tar.gz` in object storage; None for a module entry point with no source_dir."""
+    hyperparameters: dict[str, Any] = {}
+    instance_type: str
+    instance_count: int = 1
+    processes_per_host: int
+    distribution: dict[str, Any] = {}
+    environment: dict[str, str] = {}
+    channels: tuple[Channel, ...] = ()
+    checkpoint_s3_uri: str | None = None
+    checkpoint_local_path: str = "/opt/ml/checkpoints"
+    output_path: str
+    max_run: int = DEFAULT_MAX_RUN
+    role: str | None = None
+
+    @field_validator("job_name")
+    @classmethod
+    def _job_name(cls, v: str | None) -> str | None:
+        if v is not None and not _JOB_NAME.match(v):
+            raise ValueError(f"invalid job name {v!r}: 1-63 letters, digits and hyphens, starting with a letter or digit")
+        return v
+
+    @field_validator("entry_point", mode="before")
+    @classmethod
+    def _entry_point(cls, v: object) -> str:
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError("missing: give a script in source_dir ('train.py') or a module ('trainyard.engine.train')")
+        return v
+
+    @field_validator("instance_type", mode="before")
+    @classmethod
+    def _instance_type(cls, v: object) -> str:
+        return catalog.lookup(v).name
+
+    @field_validator("instance_count", "processes_per_host", "max_run", mode="before")
+    @classmethod
+    def _positive_int(cls, v: object, info) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be an integer >= 1, got {v!r} ({type(v).__name__})")
+        if v < 1:
+            unit = " seconds" if info.field_name == "max_run" else ""
+            raise ValueError(f"must be an integer >= 1{unit}, got {v}")
+        return v
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _hyperparameters(cls, v: object) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a dict of name to value, got {type(v).__name__}")
+        for name, value in v.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"hyperparameter names must be non-empty strings, got {name!r}")
+            if not _HP_NAME.match(name):
+                raise ValueError(
+                    f"hyperparameter name {name!r} cannot be passed as '--{name}': use letters, digits, '_', '-' or '.'"
+                )
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"hyperparameter {name!r} = {value!r} is not JSON-serialisable ({e}); "
+                    "use str, int, float, bool, None, or lists/dicts of those"
+                ) from None
+        return dict(v)
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _distribution(cls, v: object) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a dict such as {{'torch_distributed': {{'enabled': True}}}}, got {v!r}")
+        unknown = sorted(set(v) - set(DISTRIBUTION_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown}; supported: {list(DISTRIBUTION_KEYS)}")
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"not JSON-serialisable: {e}") from None
+        return dict(v)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment(cls, v: object) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a dict of variable name to string, got {type(v).__name__}")
+        for name, value in v.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise ValueError(f"invalid variable name {name!r}: letters, digits and '_', not starting with a digit")
+            if not isinstance(value, str):
+                raise ValueError(f"{name}={value!r}: values must be strings (use str({value!r}))")
+        return dict(v)
+
+    @field_validator("checkpoint_s3_uri")
+    @classmethod
+    def _checkpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_s3_uri("checkpoint_s3_uri", v)
+
+    @field_validator("checkpoint_local_path")
+    @classmethod
+    def _checkpoint_local(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path inside the container, got {v!r}")
+        return v
+
+    @field_validator("output_path")
+    @classmethod
+    def _output(cls, v: str) -> str:
+        return check_storage_uri("output_path", v)
+
+    @field_validator("code_uri")
+    @classmethod
+    def _code(cls, v: str | None) -> str | None:
+        return None if v is None else check_storage_uri("code_uri", v)
+
+    @model_validator(mode="after")
+    def _entry(self) -> "JobSpec":
+        if self.entry_kind == "module" and not _MODULE.match(self.entry_point):
+            raise ValueError(f"entry_point: {self.entry_point!r} is not a module name")
+        names = [c.name for c in self.channels]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"channels: duplicate channel name(s) {dup}")
+        return self
+
+    @property
+    def hosts(self) -> list[str]:
+        """`algo-1..N`, ordered by index (not as strings: algo-2 before algo-10)."""
+        return [f"algo-{i + 1}" for i in range(self.instance_count)]
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.processes_per_host
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        return cls.model_validate_json(text)
+
+
+def build_spec(**fields: Any) -> JobSpec:
+    """Validate `fields` into a JobSpec, turning pydantic's errors into one ConfigError naming the field."""
+    try:
+        return JobSpec.model_validate(fields)
+    except ValidationError as e:
+        raise _config_error(e) from None
+
+
+def _config_error(e: ValidationError) -> ConfigError:
+    messages = []
+    first_field = None
+    for err in e.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "job"
+        msg = err["msg"].removeprefix("Value error, ")
+        ctx_err = err.get("ctx", {}).get("error")
+        if isinstance(ctx_err, ConfigError):  # raised by a shared checker: keep its own field name
+            field, msg = ctx_err.field, str(ctx_err).split(": ", 1)[1]
+        if field.startswith("channels."):  # channels.0.uri -> inputs.<name>
+            field = "inputs" + field[len("channels") :]
+        if err["type"] == "missing":
+            msg = "required"
+        first_field = first_field or field
+        messages.append(msg if field == first_field and not messages else f"{field}: {msg}")
+    return ConfigError(first_field or "job", "; ".join(messages))
+

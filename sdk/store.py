@@ -1,0 +1,128 @@
+"""Where `s3://` goes for local jobs: a configured endpoint, or the embedded store.
+
+With `AWS_ENDPOINT_URL` set, that endpoint is used as it is. Otherwise `ensure_store()` finds or starts
+the machine's one embedded store (`store_server.py`): a moto S3 server on 127.0.0.1 that outlives any
+single `fit()` and keeps its objects under `$TRAINYARD_HOME/store` (default `~/.trainyard/store`).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+
+from trainyard.sdk.store_server import DEFAULT_BUCKET, HEALTH_PATH
+
+START_TIMEOUT_S = 60.0  # first start imports moto and reloads persisted objects
+# The store exits after this long without a request; running local jobs ping it (see supervisor.py).
+IDLE_TIMEOUT_S = float(os.environ.get("TRAINYARD_STORE_IDLE_S", "3600"))
+# Credentials for the embedded store only: moto accepts any, and these never reach real AWS.
+LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "trainyard-local", "AWS_SECRET_ACCESS_KEY": "trainyard-local"}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    url: str | None
+    """S3 endpoint URL; None means real AWS."""
+    embedded: bool
+    """True when it is Trainyard's own store (buckets are created on first use)."""
+
+    def env(self) -> dict[str, str]:
+        """Variables that point boto3 and s3fs in a job's processes at this endpoint."""
+        if not self.embedded:
+            return {}
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_DEFAULT_REGION": "us-east-1", **LOCAL_CREDENTIALS}
+
+
+def trainyard_home() -> str:
+    return os.environ.get("TRAINYARD_HOME") or os.path.join(os.path.expanduser("~"), ".trainyard")
+
+
+def store_root() -> str:
+    return os.path.join(trainyard_home(), "store")
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url + HEALTH_PATH, timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _running_url(root: str) -> str | None:
+    try:
+        with open(os.path.join(root, "server.json")) as fh:
+            url = json.load(fh)["url"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return url if healthy(url) else None
+
+
+def ensure_store() -> Endpoint:
+    """The endpoint for local jobs: `AWS_ENDPOINT_URL` if set, else the embedded store (started if needed)."""
+    configured = os.environ.get("AWS_ENDPOINT_URL")
+    if configured:
+        return Endpoint(configured, embedded=False)
+    root = store_root()
+    os.makedirs(root, exist_ok=True)
+    url = _running_url(root)
+    if url:
+        return Endpoint(url, embedded=True)
+    with open(os.path.join(root, "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time; the others find its server
+        url = _running_url(root)
+        if url is None:
+            url = _start(root)
+    return Endpoint(url, embedded=True)
+
+
+def _start(root: str) -> str:
+    try:
+        os.remove(os.path.join(root, "server.json"))
+    except FileNotFoundError:
+        pass
+    log_path = os.path.join(root, "server.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainyard.sdk.store_server", "--root", root, "--idle-timeout", str(IDLE_TIMEOUT_S)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,  # outlives this process and its Ctrl-C
+            close_fds=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        url = _running_url(root)
+        if url:
+            return url
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    with open(log_path, errors="replace") as fh:
+        last = "".join(fh.readlines()[-15:])
+    raise RuntimeError(f"the embedded object store did not start (log {log_path}):\n{last}")
+
+
+def stop_store() -> bool:
+    """Stop the embedded store if it runs (its objects stay on disk). Returns whether one was stopped."""
+    root = store_root()
+    try:
+        with open(os.path.join(root, "server.json")) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    if not healthy(info["url"]):
+        return False
+    os.kill(info["pid"], 15)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and healthy(info["url"], timeout=0.5):
+        time.sleep(0.1)
+    return True
+
+
+__all__ = ["DEFAULT_BUCKET", "Endpoint", "ensure_store", "stop_store", "store_root", "trainyard_home"]

@@ -1,0 +1,278 @@
+"""The supervisor of one local job: prepares the hosts, runs one driver per host, ends them all.
+
+    python -m trainyard.sdk.supervisor <job folder>
+
+Started detached by `LocalBackend.launch`, so a job outlives the `fit()` that started it (`wait=False`,
+`Estimator.attach`). It is a child subreaper: workers that torchrun starts in their own sessions, and any
+process they leave behind, end up as its descendants, and every one of them is killed when the job ends
+(success, failure, `stop()`, `max_run`). No orphan survives.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from trainyard.container.contract import render_contract
+from trainyard.container.failure import RankFailure, root_cause
+from trainyard.sdk import storage
+from trainyard.sdk.jobstate import Status, now_iso, read_json, write_json
+from trainyard.sdk.spec import JobSpec
+
+POLL_S = 0.1
+FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
+STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: time for torchrun to stop its workers and algo-1 to upload
+STORE_PING_S = 60.0  # keeps the embedded store from idling out while the job runs
+PR_SET_CHILD_SUBREAPER = 36  # prctl option, <linux/prctl.h>
+MOUNT_POINT = "/opt/ml"
+
+
+def _log(msg: str) -> None:
+    print(f"[trainyard] {msg}", flush=True)
+
+
+def set_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def signal_all(pids, sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def private_opt_ml_works(probe_dir: str) -> bool:
+    """Root with working private mount namespaces: each host can see its own root at /opt/ml."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        os.makedirs(MOUNT_POINT, exist_ok=True)
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                            f'mount --bind "$0" {MOUNT_POINT}', probe_dir], capture_output=True, timeout=10)
+        return r.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class Supervisor:
+    def __init__(self, jobdir: str):
+        self.jobdir = jobdir
+        self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
+        self.runtime = read_json(f"{jobdir}/runtime.json")
+        self.status = Status(f"{jobdir}/status.json")
+        self.stop_reason: str | None = None  # "Stopped" or "MaxRuntimeExceeded"
+        self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
+        self.exits: dict[str, int] = {}  # host -> exit status
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stop_reason = self.stop_reason or "Stopped"
+
+    def stop_requested(self) -> bool:
+        if os.path.exists(f"{self.jobdir}/stop-requested"):
+            self.stop_reason = self.stop_reason or "Stopped"
+        return self.stop_reason is not None
+
+    # -- preparation ------------------------------------------------------------------------------
+    def prepare_hosts(self, private: bool) -> None:
+        spec = self.spec
+        for i, host in enumerate(spec.hosts):
+            hostdir = f"{self.jobdir}/hosts/{host}"
+            contract = render_contract(
+                spec, i, root=MOUNT_POINT if private else hostdir, master_addr="127.0.0.1",
+                master_port=self.runtime["master_port"], network_interface="lo", num_cpus=os.cpu_count(),
+            )
+            for d in contract.dirs:
+                os.makedirs(f"{hostdir}/{d}", exist_ok=True)
+            for rel, text in contract.files.items():
+                with open(f"{hostdir}/{rel}", "w") as fh:
+                    fh.write(text)
+
+    def stage_channels(self) -> None:
+        spec = self.spec
+        for ch in spec.channels:
+            files = storage.list_files(ch.uri)
+            if not files:
+                raise RuntimeError(f"input channel {ch.name!r}: nothing found at {ch.uri}")
+            for i, host in enumerate(spec.hosts):
+                if self.stop_requested():
+                    return
+                # ShardedByS3Key: host i gets every N-th object in key order
+                mine = files[i :: spec.instance_count] if ch.distribution == "ShardedByS3Key" else files
+                n = storage.download_tree(ch.uri, f"{self.jobdir}/hosts/{host}/input/data/{ch.name}", mine)
+                _log(f"{host}: channel {ch.name}: {len(mine)} files, {n / 2**20:.1f} MiB from {ch.uri}")
+
+    # -- running ----------------------------------------------------------------------------------
+    def start_drivers(self, private: bool) -> None:
+        env = {**os.environ, **self.runtime.get("env", {}), "PYTHONUNBUFFERED": "1"}
+        for i, host in enumerate(self.spec.hosts):
+            hostdir = f"{self.jobdir}/hosts/{host}"
+            driver = [sys.executable, "-m", "trainyard.container.driver",
+                      "--log-dir", f"{self.jobdir}/torchrun/{host}",
+                      "--status-file", f"{self.jobdir}/hosts/{host}.status.json"]
+            if private:
+                cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                       f'mount --bind "$0" {MOUNT_POINT} && exec "$@"', hostdir, *driver, "--root", MOUNT_POINT]
+            else:
+                cmd = [*driver, "--root", hostdir]
+            log = open(f"{self.jobdir}/logs/{host}.log", "ab")
+            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=hostdir)
+            log.close()
+            self.drivers[p.pid] = p
+
+    def reap(self) -> None:
+        """Collect exited children: drivers (by pid) and orphans reparented to us."""
+        while True:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            p = self.drivers.get(pid)
+            if p is not None:
+                p.returncode = os.waitstatus_to_exitcode(st)
+                self.exits[self.spec.hosts[list(self.drivers).index(pid)]] = p.returncode
+
+    def running(self) -> bool:
+        return len(self.exits) < len(self.drivers)
+
+    def terminate(self) -> None:
+        """SIGTERM the drivers (torchrun stops its workers; algo-1 uploads), then SIGKILL what is left."""
+        signal_all([p for p, d in self.drivers.items() if d.returncode is None], signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.running() and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(POLL_S)
+        self.kill_everything()
+
+    def kill_everything(self) -> None:
+        for _ in range(5):  # processes may fork while we kill: repeat until none is left
+            left = descendants(os.getpid())
+            if not left:
+                break
+            signal_all(left, signal.SIGKILL)
+            time.sleep(0.05)
+            self.reap()
+        self.reap()
+
+    def monitor(self) -> str:
+        """Wait for the drivers. Returns 'Completed', 'Failed' or the stop reason."""
+        deadline = time.monotonic() + self.spec.max_run
+        next_ping = time.monotonic() + STORE_PING_S
+        while True:
+            self.reap()
+            if not self.running():
+                return "Completed" if all(c == 0 for c in self.exits.values()) else "Failed"
+            if any(c != 0 for c in self.exits.values()) and not self.stop_requested():
+                settle = time.monotonic() + FAILURE_SETTLE_S  # let the others report their own end
+                while self.running() and time.monotonic() < settle:
+                    self.reap()
+                    time.sleep(POLL_S)
+                self.terminate()
+                return "Failed"
+            if time.monotonic() > deadline:
+                self.stop_reason = "MaxRuntimeExceeded"
+            if self.stop_requested():
+                self.terminate()
+                return self.stop_reason
+            if time.monotonic() > next_ping and self.runtime.get("embedded_store"):
+                from trainyard.sdk.store import healthy
+
+                healthy(self.runtime["env"]["AWS_ENDPOINT_URL"])
+                next_ping = time.monotonic() + STORE_PING_S
+            time.sleep(POLL_S)
+
+    def failure_reason(self) -> str:
+        """The root cause among the hosts that failed on their own."""
+        failures: list[RankFailure] = []
+        reasons: dict[str, str] = {}
+        for host, code in self.exits.items():
+            if code == 0 or code == 128 + signal.SIGTERM:
+                continue
+            path = f"{self.jobdir}/hosts/{host}.status.json"
+            st = read_json(path) if os.path.exists(path) else {}
+            reasons[host] = st.get("reason") or f"{host}: the driver exited with status {code} and no report"
+            f = st.get("failure")
+            failures.append(RankFailure(**f) if f else RankFailure(
+                host=host, rank=-1, local_rank=-1, exitcode=code, signal="", time=st.get("finished", time.time()),
+                last_lines=reasons[host]))
+        if not failures:
+            return "the job failed without a report from any host"
+        return reasons[root_cause(failures).host]
+
+    def run(self) -> int:
+        set_subreaper()
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, self._on_signal)
+        spec, st = self.spec, self.status
+        outcome, reason = "Failed", ""
+        try:
+            st.transition("Downloading", "Preparing the hosts and downloading input data")
+            private = self.runtime.get("private_opt_ml", True) and private_opt_ml_works(self.jobdir)
+            st.update(PrivateOptMl=private)
+            self.prepare_hosts(private)
+            self.stage_channels()
+            if self.stop_requested():
+                outcome = self.stop_reason
+            else:
+                st.transition("Training", f"Training on {spec.instance_count} host(s) x {spec.processes_per_host} "
+                                          f"process(es); /opt/ml is {'private per host' if private else 'the host folder'}")
+                self.start_drivers(private)
+                outcome = self.monitor()
+                if outcome == "Failed":
+                    reason = self.failure_reason()
+        except Exception as e:
+            outcome, reason = "Failed", f"{type(e).__name__}: {e}"
+        finally:
+            self.kill_everything()
+        model = storage.output_prefix(spec.output_path, spec.job_name) + "/model.tar.gz"
+        if os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json"):
+            st.update(ModelArtifacts={"S3ModelArtifacts": model})
+        if outcome == "MaxRuntimeExceeded":
+            reason = f"MaxRuntimeExceeded: the job ran longer than max_run={spec.max_run}s and was stopped"
+        if reason:
+            st.update(FailureReason=reason[:1024])
+        status = {"Completed": "Completed", "Failed": "Failed"}.get(outcome, "Stopped")
+        message = {"Completed": "Training job completed", "Failed": "Training job failed",
+                   "Stopped": "Training job stopped", "MaxRuntimeExceeded": "Job stopped: max_run reached"}[outcome]
+        st.transition(outcome, message, status=status)
+        _log(f"job {spec.job_name}: {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    jobdir = argv[0]
+    write_json(f"{jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
+    return Supervisor(jobdir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
