@@ -28,7 +28,7 @@ def check_s3_uri(field: str, uri: object) -> str:
             f"{uri!r} has an invalid bucket name {bucket!r}: use 3-63 lower-case letters, digits, "
             "'.' or '-', starting and ending with a letter or digit",
         )
-    if "//" in key:
+    if "//" in key or key.startswith("/"):
         raise ConfigError(field, f"{uri!r} contains an empty path segment ('//'); remove the extra slash")
     return uri
 

@@ -1,50 +1,58 @@
 """Shared fixtures: a real moto S3 server over HTTP on 127.0.0.1, and an isolated Trainyard home."""
 import os
+import re
 
 import pytest
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint():
-    """A moto server on a free loopback port, for tests that need S3 without the SDK's store.
+@pytest.fixture(scope="session", autouse=True)
+def trainyard_home(tmp_path_factory):
+    """Every test session gets its own Trainyard home (jobs, embedded store); the store is stopped at the end."""
+    home = str(tmp_path_factory.mktemp("trainyard-home"))
+    saved = os.environ.get("TRAINYARD_HOME")
+    os.environ["TRAINYARD_HOME"] = home
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+    try:
+        yield home
+    finally:
+        from trainyard.sdk.store import stop_store
 
-    Sets AWS_ENDPOINT_URL and fake credentials for this test process (and so for the processes it
-    spawns); boto3 and s3fs both honour AWS_ENDPOINT_URL.
-    """
+        stop_store()
+        if saved is None:
+            os.environ.pop("TRAINYARD_HOME", None)
+        else:
+            os.environ["TRAINYARD_HOME"] = saved
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A moto server on a free loopback port, separate from the SDK's embedded store."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in _AWS_VARS}
-    os.environ.update(
-        AWS_ENDPOINT_URL=url,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    try:
-        yield url
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
+    yield f"http://{host}:{port}"
+    server.stop()
 
 
-_AWS_VARS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+@pytest.fixture
+def s3_endpoint(moto_server, monkeypatch):
+    """Points this test (and the processes it spawns) at the moto server: boto3 and s3fs both honour
+    AWS_ENDPOINT_URL. Returns the URL."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return moto_server
 
 
 @pytest.fixture
 def s3_bucket(s3_endpoint, request):
-    """A fresh bucket on the session's moto server; returns its name."""
-    import re
-
+    """A fresh bucket on the moto server; returns its name."""
     import boto3
 
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") or "bucket"
+    name = name if len(name) >= 3 else name + "-bucket"
     boto3.client("s3").create_bucket(Bucket=name)
     return name

@@ -1,0 +1,104 @@
+"""The contract renderer: exact files and variables, as SageMaker's toolkit would produce them."""
+import json
+
+from trainyard.container.contract import hp_arg, render_contract, user_args
+from trainyard.sdk.spec import build_spec
+
+
+def _spec(**kw):
+    fields = dict(
+        job_name="job-1", entry_point="train.py", entry_kind="script", code_uri="s3://bkt/code/sourcedir.tar.gz",
+        instance_type="ml.p4d.24xlarge", instance_count=3, processes_per_host=8, output_path="s3://bkt/out",
+        hyperparameters={"epochs": 10, "lr": 0.5, "name": "abc", "flag": False, "layers": [1, 2]},
+        channels=[{"name": "train", "uri": "s3://bkt/train"}, {"name": "test", "uri": "s3://bkt/test",
+                                                              "distribution": "ShardedByS3Key"}],
+        checkpoint_s3_uri="s3://bkt/ckpt",
+    )
+    fields.update(kw)
+    return build_spec(**fields)
+
+
+def test_config_files_are_exact():
+    c = render_contract(_spec(), 1)
+    files = {k: json.loads(v) for k, v in c.files.items()}
+    assert files["input/config/hyperparameters.json"] == {
+        "epochs": "10", "lr": "0.5", "name": '"abc"', "flag": "false", "layers": "[1, 2]"}
+    assert files["input/config/resourceconfig.json"] == {
+        "current_host": "algo-2",
+        "current_instance_type": "ml.p4d.24xlarge",
+        "current_group_name": "homogeneousCluster",
+        "hosts": ["algo-1", "algo-2", "algo-3"],
+        "instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "ml.p4d.24xlarge",
+                             "hosts": ["algo-1", "algo-2", "algo-3"]}],
+        "network_interface_name": "eth0",
+    }
+    assert files["input/config/inputdataconfig.json"] == {
+        "test": {"TrainingInputMode": "File", "S3DistributionType": "ShardedByS3Key", "RecordWrapperType": "None"},
+        "train": {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated", "RecordWrapperType": "None"},
+    }
+    assert files["input/config/checkpointconfig.json"] == {"LocalPath": "/opt/ml/checkpoints", "S3Uri": "s3://bkt/ckpt"}
+    assert "input/data/train" in c.dirs and "input/data/test" in c.dirs and "output/data" in c.dirs
+
+
+def test_no_checkpoint_config_without_uri():
+    assert "input/config/checkpointconfig.json" not in render_contract(_spec(checkpoint_s3_uri=None), 0).files
+
+
+def test_environment_variables():
+    env = render_contract(_spec(), 2, master_addr="algo-1", master_port=7777).env
+    assert env["SM_HOSTS"] == '["algo-1", "algo-2", "algo-3"]'
+    assert env["SM_CURRENT_HOST"] == "algo-3"
+    assert env["SM_CURRENT_HOST_RANK"] == "2"
+    assert env["SM_HOST_COUNT"] == "3"
+    assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_MASTER_PORT"] == "7777"
+    assert env["SM_NUM_GPUS"] == "8" and env["SM_NUM_CPUS"] == "96"
+    assert env["SM_CHANNELS"] == '["test", "train"]'
+    assert env["SM_CHANNEL_TRAIN"] == "/opt/ml/input/data/train"
+    assert env["SM_CHANNEL_TEST"] == "/opt/ml/input/data/test"
+    assert json.loads(env["SM_HPS"]) == {"epochs": 10, "lr": 0.5, "name": "abc", "flag": False, "layers": [1, 2]}
+    assert env["SM_HP_EPOCHS"] == "10" and env["SM_HP_NAME"] == "abc" and env["SM_HP_FLAG"] == "false"
+    assert json.loads(env["SM_USER_ARGS"]) == [
+        "--epochs", "10", "--flag", "false", "--layers", "[1,2]", "--lr", "0.5", "--name", "abc"]
+    assert env["SM_MODEL_DIR"] == "/opt/ml/model"
+    assert env["SM_INPUT_DIR"] == "/opt/ml/input"
+    assert env["SM_INPUT_CONFIG_DIR"] == "/opt/ml/input/config"
+    assert env["SM_OUTPUT_DIR"] == "/opt/ml/output"
+    assert env["SM_OUTPUT_DATA_DIR"] == "/opt/ml/output/data"
+    assert env["SM_MODULE_DIR"] == "s3://bkt/code/sourcedir.tar.gz"
+    assert env["SM_USER_ENTRY_POINT"] == "train.py"
+    assert env["TRAINING_JOB_NAME"] == "job-1"
+    training_env = json.loads(env["SM_TRAINING_ENV"])
+    assert training_env["current_host"] == "algo-3" and training_env["hosts"] == ["algo-1", "algo-2", "algo-3"]
+    assert training_env["channel_input_dirs"] == {"test": "/opt/ml/input/data/test", "train": "/opt/ml/input/data/train"}
+    # every key of the training environment is also an SM_ variable
+    assert all(f"SM_{k.upper()}" in env for k in training_env)
+
+
+def test_root_moves_every_path_and_user_env_wins():
+    c = render_contract(_spec(environment={"SM_LOG_LEVEL": "10", "MY_VAR": "x"}), 0, root="/jobs/j/algo-1")
+    assert c.env["SM_MODEL_DIR"] == "/jobs/j/algo-1/model"
+    assert c.env["SM_CHANNEL_TRAIN"] == "/jobs/j/algo-1/input/data/train"
+    assert c.env["SM_CHECKPOINT_DIR"] == "/jobs/j/algo-1/checkpoints"
+    assert json.loads(c.files["input/config/checkpointconfig.json"])["LocalPath"] == "/jobs/j/algo-1/checkpoints"
+    assert c.env["SM_LOG_LEVEL"] == "10" and c.env["MY_VAR"] == "x"
+
+
+def test_hosts_sorted_by_index_not_as_strings():
+    c = render_contract(_spec(instance_count=11), 9)
+    hosts = json.loads(c.files["input/config/resourceconfig.json"])["hosts"]
+    assert hosts[1] == "algo-2" and hosts[-1] == "algo-11"
+    assert json.loads(c.files["input/config/resourceconfig.json"])["current_host"] == "algo-10"
+
+
+def test_hyperparameter_encoding():
+    assert hp_arg("x y") == "x y" and hp_arg(True) == "true" and hp_arg({"a": 1}) == '{"a":1}'
+    assert user_args({"b": 1, "a": "z"}) == ["--a", "z", "--b", "1"]
+
+
+def test_local_instance_and_module_entry():
+    spec = _spec(instance_type="local", instance_count=1, processes_per_host=2, entry_point="trainyard.engine.train",
+                 entry_kind="module", code_uri=None)
+    c = render_contract(spec, 0, num_cpus=2)
+    assert json.loads(c.files["input/config/resourceconfig.json"])["current_instance_type"] == "local"
+    assert c.env["SM_NUM_GPUS"] == "0" and c.env["SM_NUM_CPUS"] == "2"
+    assert c.env["SM_MODULE_NAME"] == "trainyard.engine.train"

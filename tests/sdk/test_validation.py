@@ -1,0 +1,144 @@
+"""Bad input is refused with the field named, before anything is uploaded or started."""
+import math
+import os
+
+import pytest
+
+from trainyard import Estimator, TrainingInput
+from trainyard.sdk.errors import ConfigError
+from trainyard.sdk.jobstate import jobs_root
+
+
+@pytest.fixture
+def src(tmp_path):
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "train.py").write_text("print('hi')\n")
+    return str(d)
+
+
+def _est(src, **kw):
+    args = dict(entry_point="train.py", source_dir=src, instance_type="local", instance_count=1)
+    args.update(kw)
+    return Estimator(**args)
+
+
+def _refused(field, fn, *args, **kw):
+    with pytest.raises(ConfigError) as e:
+        fn(*args, **kw)
+    assert e.value.field == field, str(e.value)
+    assert str(e.value).startswith(field + ":")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("count", [0, -1, 2.5, "2", True, None])
+def test_instance_count(src, count):
+    msg = _refused("instance_count", _est, src, instance_count=count)
+    assert "integer >= 1" in msg
+
+
+def test_unknown_instance_type_suggests_close_names(src):
+    msg = _refused("instance_type", _est, src, instance_type="ml.p4d.24xlarg")
+    assert "p4d.24xlarge" in msg
+
+
+def test_known_instance_types_and_ml_prefix(src):
+    est = _est(src, instance_type="ml.p5.48xlarge", output_path="s3://bucket/out")
+    assert est.instance_type == "ml.p5.48xlarge" and est.processes_per_host == 8
+    assert _est(src, instance_type="trn1.32xlarge", output_path="s3://bucket/out").processes_per_host == 32
+    _refused("output_path", _est, src, instance_type="p4d.24xlarge")
+    assert _est(src).processes_per_host == 2
+
+
+@pytest.mark.parametrize("entry", ["", None, "   "])
+def test_missing_entry_point(src, entry):
+    _refused("entry_point", _est, src, entry_point=entry)
+
+
+def test_entry_point_not_in_source_dir(src):
+    msg = _refused("entry_point", _est, src, entry_point="nothere.py")
+    assert "nothere.py" in msg
+
+
+def test_missing_source_dir(tmp_path):
+    msg = _refused("source_dir", _est, str(tmp_path / "nope"))
+    assert "not a directory" in msg
+
+
+def test_entry_point_neither_file_nor_module():
+    _refused("entry_point", Estimator, entry_point="no_such_module_xyz.train")
+
+
+@pytest.mark.parametrize("hps", [{"": 1}, {"a b": 1}, {"x": object()}, {"x": math.nan}, {"x": {1, 2}}])
+def test_bad_hyperparameters(src, hps):
+    _refused("hyperparameters", _est, src, hyperparameters=hps)
+
+
+@pytest.mark.parametrize("uri", ["s3://", "s3://Bad_Bucket/x", "s3:/bucket/x", "s3://ab/x", "s3://bucket//x"])
+def test_malformed_s3_uri(src, uri):
+    _refused("checkpoint_s3_uri", _est, src, checkpoint_s3_uri=uri)
+
+
+def test_checkpoint_uri_must_be_s3(src):
+    msg = _refused("checkpoint_s3_uri", _est, src, checkpoint_s3_uri="file:///tmp/ckpt")
+    assert "s3://" in msg
+
+
+@pytest.mark.parametrize("uri", ["gs://bucket/out", "/tmp/out", "file://relative/path"])
+def test_output_path_scheme(src, uri):
+    _refused("output_path", _est, src, output_path=uri)
+
+
+@pytest.mark.parametrize("max_run", [0, -5, 1.5])
+def test_max_run(src, max_run):
+    _refused("max_run", _est, src, max_run=max_run)
+
+
+def test_distribution_and_environment(src):
+    _refused("distribution", _est, src, distribution={"deepspeed": {}})
+    _refused("environment", _est, src, environment={"A": 1})
+    _refused("environment", _est, src, environment={"1A": "x"})
+
+
+def _nothing_started():
+    assert not os.path.exists(jobs_root()) or os.listdir(jobs_root()) == []
+
+
+def _no_code_uploaded():
+    from trainyard.sdk.store import ensure_store
+
+    import boto3
+
+    ep = ensure_store()
+    s3 = boto3.client("s3", endpoint_url=ep.url, aws_access_key_id="x", aws_secret_access_key="x",
+                      region_name="us-east-1")
+    assert s3.list_objects_v2(Bucket="trainyard-default", Prefix="trainyard-code/").get("KeyCount", 0) == 0
+
+
+@pytest.mark.parametrize("inputs,field", [
+    ({"bad name!": "s3://bucket/x"}, "inputs.bad name!"),
+    ({"train": "s3://Bad/x"}, "inputs.train"),
+    ({"train": "gs://bucket/x"}, "inputs.train"),
+    ({"train": TrainingInput("s3://bucket/x", distribution="Sharded")}, "inputs.train"),
+    (42, "inputs"),
+])
+def test_bad_inputs(src, inputs, field):
+    est = _est(src)
+    _refused(field, est.fit, inputs, wait=False)
+    _nothing_started()
+
+
+def test_inputs_that_do_not_exist(src, tmp_path):
+    est = _est(src)
+    _refused("inputs.train", est.fit, {"train": f"file://{tmp_path}/missing"}, wait=False)
+    msg = _refused("inputs.train", est.fit, {"train": "s3://trainyard-default/no/such/prefix"}, wait=False)
+    assert "nothing found" in msg
+    _nothing_started()
+    _no_code_uploaded()
+
+
+def test_bad_job_name(src):
+    est = _est(src)
+    _refused("job_name", est.fit, None, wait=False, job_name="bad_name")
+    _refused("base_job_name", _est, src, base_job_name="-x")
+    _nothing_started()
