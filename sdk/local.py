@@ -93,18 +93,22 @@ class LocalJob:
             return None
 
     def _status(self) -> dict:
+        """The supervisor's status document. Only the supervisor writes it; a supervisor that died
+        without a word is reported here (not written), so readers never race the writer."""
         doc = read_json(f"{self.dir}/status.json")
-        if doc["TrainingJobStatus"] not in TERMINAL:
-            pid = self._supervisor_pid()
-            started = os.path.exists(f"{self.dir}/supervisor.json")
-            if (started and (pid is None or not pid_alive(pid))) or (
-                not started and time.time() - os.path.getmtime(f"{self.dir}/status.json") > 60
-            ):
-                st = Status(f"{self.dir}/status.json")  # it died without a word: say so, once
-                st.update(FailureReason="the job's supervisor process ended unexpectedly; see logs/supervisor.log")
-                st.transition("Failed", "Supervisor died", status="Failed")
-                doc = st.doc
+        if doc["TrainingJobStatus"] not in TERMINAL and not self._supervisor_alive():
+            doc = read_json(f"{self.dir}/status.json")  # it may have finished between the two looks
+            if doc["TrainingJobStatus"] not in TERMINAL:
+                doc.update(TrainingJobStatus="Failed", SecondaryStatus="Failed",
+                           FailureReason="the job's supervisor process ended unexpectedly; see logs/supervisor.log")
         return doc
+
+    def _supervisor_alive(self) -> bool:
+        pid = self._supervisor_pid()
+        if pid is not None:
+            return pid_alive(pid)
+        # not started yet: give it a minute before calling it dead
+        return time.time() - os.path.getmtime(f"{self.dir}/status.json") < 60
 
     def describe(self) -> dict:
         """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes."""

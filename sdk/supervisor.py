@@ -85,6 +85,7 @@ class Supervisor:
         self.jobdir = jobdir
         self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
         self.runtime = read_json(f"{jobdir}/runtime.json")
+        os.environ.update(self.runtime.get("env", {}))  # staging and drivers use the job's endpoint
         self.status = Status(f"{jobdir}/status.json")
         self.stop_reason: str | None = None  # "Stopped" or "MaxRuntimeExceeded"
         self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
@@ -129,7 +130,7 @@ class Supervisor:
 
     # -- running ----------------------------------------------------------------------------------
     def start_drivers(self, private: bool) -> None:
-        env = {**os.environ, **self.runtime.get("env", {}), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for i, host in enumerate(self.spec.hosts):
             hostdir = f"{self.jobdir}/hosts/{host}"
             driver = [sys.executable, "-m", "trainyard.container.driver",
@@ -200,6 +201,7 @@ class Supervisor:
             if time.monotonic() > deadline:
                 self.stop_reason = "MaxRuntimeExceeded"
             if self.stop_requested():
+                _log(f"stopping the job ({self.stop_reason})")
                 self.terminate()
                 return self.stop_reason
             if time.monotonic() > next_ping and self.runtime.get("embedded_store"):
@@ -270,6 +272,7 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     jobdir = argv[0]
+    _log(f"supervisor pid {os.getpid()} for {jobdir}")
     write_json(f"{jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
     return Supervisor(jobdir).run()
 

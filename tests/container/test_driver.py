@@ -46,6 +46,10 @@ def test_root_cause_prefers_the_cause_over_its_echoes():
     cause = _f(host="algo-2", rank=3, time=9.5)
     assert root_cause([echo, cause]) is cause
     assert root_cause([_f(rank=2, time=5.0), _f(rank=1, time=6.0)]).rank == 2
+    terminated_peer = _f(rank=2, exitcode=-15, signal="SIGTERM", time=1.0, last_lines="")
+    assert root_cause([terminated_peer, cause]) is cause
+    oom = _f(rank=5, exitcode=-9, signal="SIGKILL", time=1.0, last_lines="")
+    assert root_cause([oom, echo]) is oom
 
 
 def test_reason_names_host_rank_code_signal_and_fits_the_limit():

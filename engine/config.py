@@ -1,0 +1,201 @@
+"""Hyperparameters of the built-in trainer and the SageMaker container contract it reads.
+
+Hyperparameters arrive as `--name value` arguments: plain strings for strings, compact JSON for
+everything else (`--steps 20 --lr 0.001 --save_model false`). A JSON-quoted string (`--model
+'"tiny"'`, as SageMaker's hyperparameters.json stores values) is accepted too.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+from trainyard.engine.data import TOKEN_DTYPES
+from trainyard.engine.model import MODEL_CONFIGS
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """Hyperparameters of `python -m trainyard.engine.train`."""
+
+    model: str = "10m"
+    """Model configuration, a key of MODEL_CONFIGS."""
+    steps: int = 20
+    """Total optimizer steps of the run; a resumed run continues up to this step."""
+    seed: int = 0
+    """Seed of the weight init and of the data stream."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step over all ranks."""
+    micro_batch_size: int = 2
+    """Sequences per forward/backward on one rank; the rest is gradient accumulation."""
+    seq_len: int = 128
+    """Tokens per training sequence."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW)."""
+    warmup_steps: int = 5
+    """Steps of linear warmup from lr/warmup_steps to lr (0: no warmup)."""
+    decay_steps: int = 0
+    """Length of the schedule: cosine decay ends at this step (0: the value of steps). Set it when a
+    run is split into several resumed runs, so every part follows the same schedule."""
+    min_lr_ratio: float = 0.1
+    """The cosine decay ends at min_lr_ratio * lr."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, applied to matrices and embeddings (not to norms)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value (0: no clipping; the norm is still reported)."""
+    dtype: str = "auto"
+    """Compute dtype: float32, bfloat16 (bf16 compute, fp32 master weights and gradient reduction),
+    or auto (bfloat16 on CUDA, float32 on CPU)."""
+    checkpoint_uri: str = ""
+    """Checkpoint location (s3://bucket/prefix or a path); overrides checkpointconfig.json's S3Uri."""
+    checkpoint_every: int = 0
+    """Save every this many steps (0: no periodic saves). With a checkpoint location, the last step
+    is always saved."""
+    keep_last: int = 2
+    """Committed checkpoints kept; older ones are deleted after each save."""
+    dataset: str = "synthetic"
+    """`synthetic`, or an input channel name (e.g. `train`: token files in $SM_CHANNEL_TRAIN)."""
+    token_dtype: str = "uint16"
+    """Element type of the token files: uint16 or uint32 (little-endian)."""
+    log_every: int = 1
+    """Print a progress line every this many steps (metrics.jsonl gets every step)."""
+    save_model: bool = True
+    """Write the full weights to $SM_MODEL_DIR at the end."""
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_CONFIGS:
+            raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)}")
+        for name in ("steps", "global_batch_size", "micro_batch_size", "seq_len", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.token_dtype not in TOKEN_DTYPES:
+            raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {self.token_dtype!r}")
+        if self.seq_len > MODEL_CONFIGS[self.model].max_seq_len:
+            raise ValueError(
+                f"seq_len {self.seq_len} exceeds the max_seq_len {MODEL_CONFIGS[self.model].max_seq_len} "
+                f"of model {self.model!r}"
+            )
+
+    @property
+    def schedule_steps(self) -> int:
+        return self.decay_steps or self.steps
+
+    def accumulation(self, world_size: int) -> int:
+        """Micro-batches per rank per step; raises ValueError when the batch does not split evenly."""
+        per_step = self.micro_batch_size * world_size
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be divisible by micro_batch_size "
+                f"({self.micro_batch_size}) * world_size ({world_size}) = {per_step}; set global_batch_size "
+                f"to a multiple of {per_step} or lower micro_batch_size"
+            )
+        return self.global_batch_size // per_step
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_FIELD_TYPES = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+
+
+def _convert(name: str, kind: type, raw: str):
+    """One hyperparameter value from its command-line string."""
+    try:
+        decoded = json.loads(raw)
+    except json.JSONDecodeError:
+        decoded = raw
+    if kind is str:
+        return decoded if isinstance(decoded, str) else raw
+    if isinstance(decoded, str):  # a JSON-quoted number or boolean: "\"20\"", "\"false\""
+        decoded = decoded.strip()
+    if kind is bool:
+        text = str(decoded).lower() if not isinstance(decoded, bool) else decoded
+        if text in (True, "true"):
+            return True
+        if text in (False, "false"):
+            return False
+        raise ValueError(f"{name}: expected true or false, got {raw!r}")
+    if kind is int:
+        if isinstance(decoded, bool):
+            raise ValueError(f"{name}: expected an integer, got {raw!r}")
+        if isinstance(decoded, int):
+            return decoded
+        if isinstance(decoded, float) and decoded.is_integer():
+            return int(decoded)
+        try:
+            return int(str(decoded))
+        except ValueError:
+            raise ValueError(f"{name}: expected an integer, got {raw!r}") from None
+    if kind is float:
+        if isinstance(decoded, bool):
+            raise ValueError(f"{name}: expected a number, got {raw!r}")
+        try:
+            return float(decoded)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+    raise TypeError(f"no converter for {kind}")
+
+
+def parse_hyperparameters(argv: list[str]) -> TrainConfig:
+    """`--name value` arguments to a TrainConfig; ValueError names unknown or invalid hyperparameters."""
+    parser = argparse.ArgumentParser(prog="trainyard.engine.train", add_help=True, allow_abbrev=False)
+    for name in _FIELD_TYPES:
+        flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        parser.add_argument(*flags, dest=name, metavar="VALUE", default=None)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise ValueError(
+            f"unknown hyperparameter(s) or stray argument(s): {' '.join(unknown)}; "
+            f"known: {', '.join(sorted(_FIELD_TYPES))}"
+        )
+    values = {name: _convert(name, _FIELD_TYPES[name], raw) for name, raw in vars(args).items() if raw is not None}
+    return TrainConfig(**values)
+
+
+# --- the container contract --------------------------------------------------------------------
+
+DEFAULT_INPUT_CONFIG_DIR = "/opt/ml/input/config"
+
+
+def checkpoint_uri_from_contract(env: dict | None = None) -> str:
+    """S3Uri of `$SM_INPUT_CONFIG_DIR/checkpointconfig.json`, or "" when absent."""
+    env = os.environ if env is None else env
+    path = os.path.join(env.get("SM_INPUT_CONFIG_DIR") or DEFAULT_INPUT_CONFIG_DIR, "checkpointconfig.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+    uri = config.get("S3Uri") or ""
+    if not isinstance(uri, str):
+        raise ValueError(f"{path}: S3Uri must be a string, got {uri!r}")
+    return uri
+
+
+def output_data_dir(env: dict | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get("SM_OUTPUT_DATA_DIR") or "."
+
+
+def model_dir(env: dict | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get("SM_MODEL_DIR") or "model"

@@ -1,0 +1,105 @@
+"""Process group, device and data-parallel mesh from torchrun's environment; FSDP2 sharding.
+
+Minimal first version: a 1-D mesh named ("dp_shard",). A later ParallelDims replaces `Dist`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+@dataclass(kw_only=True, slots=True)
+class Dist:
+    """Where this process stands in the job."""
+
+    rank: int
+    """Global rank (torchrun's RANK; 0 for a plain process)."""
+    world_size: int
+    """Number of processes (torchrun's WORLD_SIZE; 1 for a plain process)."""
+    local_rank: int
+    """Rank within this host (torchrun's LOCAL_RANK); selects the GPU."""
+    device: torch.device
+    """cuda:LOCAL_RANK when CUDA is available, else cpu."""
+    backend: str
+    """nccl on GPUs, gloo on CPU."""
+    mesh: DeviceMesh
+    """1-D mesh over all ranks, dimension named "dp_shard"."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} out of range for world_size {self.world_size}")
+        if self.local_rank < 0:
+            raise ValueError(f"local_rank must be >= 0, got {self.local_rank}")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(env: dict, name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def init_distributed(env: dict | None = None) -> Dist:
+    """Join the process group torchrun describes (or form a group of one) and build the mesh.
+
+    Without RANK/WORLD_SIZE in the environment this is a single process: world 1, rank 0, with an
+    in-memory store, so no port is needed.
+    """
+    env = os.environ if env is None else env
+    world = _env_int(env, "WORLD_SIZE", 1)
+    rank = _env_int(env, "RANK", 0)
+    local_rank = _env_int(env, "LOCAL_RANK", 0)
+    if torch.cuda.is_available():
+        device, backend = torch.device("cuda", local_rank), "nccl"
+        torch.cuda.set_device(device)
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        if "RANK" in env and "MASTER_ADDR" in env:
+            dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+        elif world == 1:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        else:
+            raise ValueError(f"WORLD_SIZE={world} but RANK/MASTER_ADDR are not set: launch with torchrun")
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp_shard",))
+    return Dist(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend, mesh=mesh)
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> nn.Module:
+    """FSDP2 `fully_shard` on each block of `model.layers`, then on the root.
+
+    param_dtype is the compute dtype of the gathered parameters (the sharded master copy keeps its
+    own dtype, float32); reduce_dtype is the dtype of the gradient reduce-scatter.
+    """
+    policy = MixedPrecisionPolicy(
+        param_dtype=None if param_dtype == torch.float32 else param_dtype,
+        reduce_dtype=None if reduce_dtype == torch.float32 and param_dtype == torch.float32 else reduce_dtype,
+    )
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # The last block is gathered again at once by backward: keeping it unsharded after forward
+        # saves one all-gather per step.
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
+    # The root holds the embedding, final norm and head; backward starts with them, so they stay
+    # gathered after forward.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    return model

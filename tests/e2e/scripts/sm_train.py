@@ -1,0 +1,49 @@
+"""A training script written for SageMaker, with nothing Trainyard-specific in it.
+
+--mode ok: all-reduce once, write the model; --mode raise: rank --fail_rank raises; --mode sleep: wait
+(at most --max_wait seconds) until stopped.
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=1)
+parser.add_argument("--use_extra", type=lambda s: s.lower() == "true", default=True)
+parser.add_argument("--mode", default="ok")
+parser.add_argument("--fail_rank", type=int, default=-1)
+parser.add_argument("--max_wait", type=float, default=120)
+parser.add_argument("--model-dir", default=os.environ["SM_MODEL_DIR"])
+parser.add_argument("--train", default=os.environ["SM_CHANNEL_TRAIN"])
+parser.add_argument("--hosts", type=json.loads, default=os.environ["SM_HOSTS"])
+args = parser.parse_args()
+
+with open("/opt/ml/input/config/resourceconfig.json") as fh:  # hard-coded, as many scripts do
+    resource = json.load(fh)
+assert resource["hosts"] == args.hosts and resource["current_host"] == os.environ["SM_CURRENT_HOST"]
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+files = sorted(os.listdir(args.train))
+print(f"rank={rank} world={world} host={resource['current_host']} epochs={args.epochs} "
+      f"use_extra={args.use_extra} files={','.join(files)}", flush=True)
+
+if args.mode == "raise" and rank == args.fail_rank:
+    time.sleep(0.5)
+    raise ValueError(f"boom on rank {rank}")
+if args.mode == "sleep":
+    deadline = time.monotonic() + args.max_wait
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+t = torch.ones(1) * rank
+dist.all_reduce(t)
+if rank == 0:
+    with open(os.path.join(args.model_dir, "model.json"), "w") as fh:
+        json.dump({"sum_of_ranks": t.item(), "world": world}, fh)
+    with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "notes.txt"), "w") as fh:
+        fh.write("done")
+dist.destroy_process_group()

@@ -1,0 +1,84 @@
+"""Local jobs running user scripts on 2 emulated hosts x 2 processes (slow: real processes)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainyard import Estimator, TrainingInput
+from trainyard.sdk.errors import JobFailedError
+
+from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client, wait_for_log
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _est(**kw):
+    args = dict(entry_point="sm_train.py", source_dir=SCRIPTS, instance_type="local", instance_count=2,
+                processes_per_host=2, max_run=240)
+    args.update(kw)
+    return Estimator(**args)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    s3 = store_client()
+    for i in range(4):
+        s3.put_object(Bucket="e2e-data", Key=f"train/part-{i}.txt", Body=f"{i}\n".encode())
+    s3.put_object(Bucket="e2e-data", Key="train-old/stale.txt", Body=b"must not be read")
+    return "s3://e2e-data/train"
+
+
+def test_sagemaker_script_runs_unchanged(dataset, capsys):
+    est = _est(hyperparameters={"epochs": 3, "use_extra": False})
+    est.fit({"train": TrainingInput(dataset, distribution="ShardedByS3Key")})
+    job = est.latest_training_job
+    d = job.describe()
+    assert d["TrainingJobStatus"] == "Completed"
+    assert [t["Status"] for t in d["SecondaryStatusTransitions"]] == ["Starting", "Downloading", "Training", "Completed"]
+    assert all(t["StartTime"] <= t["EndTime"] for t in d["SecondaryStatusTransitions"])
+    out = capsys.readouterr().out
+    # every rank ran with the hyperparameters decoded correctly (False stays false), prefixed [host/rank]
+    for host, rank, files in [("algo-1", 0, "part-0.txt,part-2.txt"), ("algo-1", 1, "part-0.txt,part-2.txt"),
+                              ("algo-2", 2, "part-1.txt,part-3.txt"), ("algo-2", 3, "part-1.txt,part-3.txt")]:
+        assert f"[{host}/{rank}] rank={rank} world=4 host={host} epochs=3 use_extra=False files={files}" in out
+    model = read_tar(d["ModelArtifacts"]["S3ModelArtifacts"])
+    assert json.loads(model["model.json"]) == {"sum_of_ranks": 6.0, "world": 4}
+    output = read_tar(d["ModelArtifacts"]["S3ModelArtifacts"].replace("model.tar.gz", "output.tar.gz"))
+    assert output["notes.txt"] == b"done"
+    assert_no_processes_left(job)
+    # attach from another process finds the job and its status
+    code = f"from trainyard import Estimator; print(Estimator.attach({job.name!r}).latest_training_job.status())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), check=True)
+    assert r.stdout.strip() == "Completed"
+
+
+def test_failing_rank_names_host_rank_and_exception(dataset):
+    est = _est(hyperparameters={"mode": "raise", "fail_rank": 3})
+    with pytest.raises(JobFailedError) as e:
+        est.fit({"train": dataset}, logs=False)
+    msg = str(e.value)
+    assert "algo-2 rank 3 (local rank 1) exited with code 1" in msg
+    assert "ValueError: boom on rank 3" in msg
+    d = est.latest_training_job.describe()
+    assert d["TrainingJobStatus"] == "Failed"
+    assert d["FailureReason"] == e.value.reason and len(d["FailureReason"]) <= 1024
+    assert_no_processes_left(est.latest_training_job)
+
+
+def test_stop_and_max_run_leave_no_process(dataset):
+    est = _est(hyperparameters={"mode": "sleep"})
+    job = est.fit({"train": dataset}, wait=False)
+    wait_for_log(job, "[algo-2/3] rank=3")
+    job.stop()
+    d = job.describe()
+    assert d["TrainingJobStatus"] == "Stopped" and d["SecondaryStatus"] == "Stopped"
+    assert_no_processes_left(job)
+
+    est = _est(hyperparameters={"mode": "sleep"}, max_run=8)
+    with pytest.raises(JobFailedError) as e:
+        est.fit({"train": dataset}, logs=False)
+    assert "MaxRuntimeExceeded" in str(e.value) and "max_run=8s" in str(e.value)
+    assert est.latest_training_job.describe()["TrainingJobStatus"] == "Stopped"
+    assert_no_processes_left(est.latest_training_job)

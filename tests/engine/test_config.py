@@ -1,0 +1,77 @@
+"""Hyperparameters from the command line, the batch split, the LR schedule, the contract files."""
+import json
+
+import pytest
+
+from trainyard.engine import train
+from trainyard.engine.config import TrainConfig, checkpoint_uri_from_contract, parse_hyperparameters
+from trainyard.engine.optim import lr_factor
+
+
+def test_defaults():
+    cfg = parse_hyperparameters([])
+    assert cfg == TrainConfig()
+    assert (cfg.model, cfg.steps, cfg.global_batch_size, cfg.micro_batch_size, cfg.seq_len) == ("10m", 20, 8, 2, 128)
+
+
+def test_sagemaker_style_values():
+    cfg = parse_hyperparameters([
+        "--steps", "20", "--lr", "0.001", "--model", "tiny", "--save_model", "False", "--max_grad_norm", "1",
+        "--dataset", '"train"', "--global-batch-size", "16", "--seed=3", "--checkpoint_uri", "s3://b/p",
+    ])
+    assert (cfg.steps, cfg.lr, cfg.model, cfg.save_model, cfg.max_grad_norm) == (20, 0.001, "tiny", False, 1.0)
+    assert (cfg.dataset, cfg.global_batch_size, cfg.seed, cfg.checkpoint_uri) == ("train", 16, 3, "s3://b/p")
+    for raw, value in [("true", True), ("True", True), ("false", False), ('"false"', False)]:
+        assert parse_hyperparameters(["--save_model", raw]).save_model is value
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--stepz", "3"], "--stepz"),
+    (["--steps", "many"], "steps"),
+    (["--steps", "2.5"], "steps"),
+    (["--lr", "fast"], "lr"),
+    (["--save_model", "maybe"], "save_model"),
+    (["--model", "huge"], "model"),
+    (["--steps", "0"], "steps"),
+    (["--dtype", "float16"], "dtype"),
+    (["--model", "tiny", "--seq_len", "4096"], "seq_len"),
+])
+def test_invalid_hyperparameters_are_named(argv, match):
+    with pytest.raises(ValueError, match=match):
+        parse_hyperparameters(argv)
+
+
+def test_batch_split_error_names_numbers_and_fix():
+    cfg = TrainConfig(global_batch_size=8, micro_batch_size=2)
+    assert cfg.accumulation(1) == 4 and cfg.accumulation(4) == 1
+    with pytest.raises(ValueError, match=r"global_batch_size \(8\).*micro_batch_size \(2\).*world_size \(3\).*multiple of 6"):
+        cfg.accumulation(3)
+
+
+def test_main_reports_errors_without_starting(monkeypatch, capsys):
+    assert train.main(["--bogus", "1"]) == 2
+    assert "--bogus" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert train.main(["--model", "tiny"]) == 2
+    assert "world_size (3)" in capsys.readouterr().err
+
+
+def test_schedule_warmup_then_cosine():
+    kw = dict(warmup_steps=4, total_steps=20, min_lr_ratio=0.1)
+    assert [lr_factor(s, **kw) for s in (1, 2, 4)] == [0.25, 0.5, 1.0]
+    assert lr_factor(20, **kw) == pytest.approx(0.1)
+    assert lr_factor(12, **kw) == pytest.approx(0.55)  # halfway through the decay
+    values = [lr_factor(s, **kw) for s in range(4, 21)]
+    assert values == sorted(values, reverse=True)
+    assert lr_factor(30, **kw) == pytest.approx(0.1)  # past the end: stays at the floor
+    assert lr_factor(1, warmup_steps=0, total_steps=10, min_lr_ratio=0.0) < 1.0
+
+
+def test_checkpoint_uri_from_contract(tmp_path):
+    env = {"SM_INPUT_CONFIG_DIR": str(tmp_path)}
+    assert checkpoint_uri_from_contract(env) == ""
+    (tmp_path / "checkpointconfig.json").write_text(json.dumps({"LocalPath": "/opt/ml/checkpoints", "S3Uri": "s3://b/ck"}))
+    assert checkpoint_uri_from_contract(env) == "s3://b/ck"
+    (tmp_path / "checkpointconfig.json").write_text("{oops")
+    with pytest.raises(ValueError, match="checkpointconfig.json"):
+        checkpoint_uri_from_contract(env)
