@@ -5,8 +5,8 @@ the same seed and global batch size give the same training data whatever the num
 and a resumed run sees exactly the batches an uninterrupted run would have seen.
 
 Sources:
-- `synthetic`: arithmetic progressions modulo the vocabulary (random start and stride per row);
-  learnable within a few dozen steps, needs no files.
+- `synthetic`: arithmetic progressions modulo SYNTHETIC_IDS (random start and stride per row);
+  learnable within ten steps, needs no files.
 - token files: a directory of `*.bin` files of little-endian token ids (uint16 or uint32),
   concatenated in file-name order and memory-mapped; each row is a window at a random offset.
 """
@@ -24,6 +24,9 @@ TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Synthetic strides are drawn from 1..MAX_STRIDE: small enough that a tiny model learns the rule
 # quickly, large enough that a bigram table alone cannot predict the next token.
 MAX_STRIDE = 16
+# Synthetic rows use only the first SYNTHETIC_IDS token ids, so the loss falls within a few steps (from
+# ln(vocab) towards ln(64) as the model learns which ids occur) before the stride rule is learnt.
+SYNTHETIC_IDS = 64
 # Token files are scanned for their largest id in chunks of this many tokens (bounded memory).
 _SCAN_CHUNK = 1 << 24
 
@@ -42,7 +45,7 @@ class Source(Protocol):
 
 @dataclass(kw_only=True, slots=True)
 class SyntheticSource:
-    """Each row: (start + i * stride) mod vocab_size for i in 0..seq_len."""
+    """Each row: (start + i * stride) mod min(vocab_size, SYNTHETIC_IDS) for i in 0..seq_len."""
 
     seed: int
     """Seed of the data stream."""
@@ -61,10 +64,11 @@ class SyntheticSource:
     def global_batch(self, step: int) -> torch.Tensor:
         gen = step_generator(self.seed, step)
         rows = self.global_batch_size
-        start = torch.randint(0, self.vocab_size, (rows, 1), generator=gen)
+        ids = min(self.vocab_size, SYNTHETIC_IDS)
+        start = torch.randint(0, ids, (rows, 1), generator=gen)
         stride = torch.randint(1, MAX_STRIDE + 1, (rows, 1), generator=gen)
         pos = torch.arange(self.seq_len + 1).unsqueeze(0)
-        return (start + pos * stride) % self.vocab_size
+        return (start + pos * stride) % ids
 
 
 class TokenFileSource:

@@ -4,6 +4,7 @@ Minimal first version: a 1-D mesh named ("dp_shard",). A later ParallelDims repl
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -81,6 +82,11 @@ def init_distributed(env: dict | None = None) -> Dist:
 
 def destroy_distributed() -> None:
     if dist.is_initialized():
+        # FSDP modules sit in reference cycles: collect them now, while the group is alive, not at
+        # interpreter exit, where gloo work they hold aborts the process ("terminate called without an
+        # active exception"). And no rank tears its group down while a peer may still talk to it.
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 

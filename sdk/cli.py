@@ -1,0 +1,74 @@
+"""`trainyard`: the command line for local jobs and the embedded store.
+
+    trainyard jobs                  list local jobs, newest first
+    trainyard describe JOB          the job's description as JSON
+    trainyard logs JOB [--follow]   the job's logs
+    trainyard stop JOB              stop a job (every process of it ends)
+    trainyard store [--stop]        the embedded object store's address (or stop it)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="trainyard", description="Trainyard local jobs and embedded store")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("jobs", help="list local jobs")
+    for name in ("describe", "stop"):
+        sub.add_parser(name).add_argument("job")
+    lg = sub.add_parser("logs")
+    lg.add_argument("job")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    st = sub.add_parser("store", help="the embedded object store")
+    st.add_argument("--stop", action="store_true", help="stop it (its objects stay on disk)")
+    a = p.parse_args(argv)
+
+    from trainyard.sdk.errors import ConfigError, JobFailedError
+    from trainyard.sdk.local import LocalJob
+
+    try:
+        if a.cmd == "jobs":
+            from trainyard.sdk.jobstate import jobs_root
+
+            root = jobs_root()
+            names = sorted(os.listdir(root), key=lambda n: os.path.getmtime(os.path.join(root, n)), reverse=True) \
+                if os.path.isdir(root) else []
+            for n in names:
+                try:
+                    print(f"{n}\t{LocalJob(n).status()}")
+                except (OSError, ValueError):
+                    print(f"{n}\t(unreadable)")
+        elif a.cmd == "describe":
+            print(json.dumps(LocalJob(a.job).describe(), indent=1, default=str))
+        elif a.cmd == "logs":
+            job = LocalJob(a.job)
+            if a.follow:
+                try:
+                    job.wait(logs=True)
+                except JobFailedError:
+                    return 1
+            else:
+                print(job.logs())
+        elif a.cmd == "stop":
+            LocalJob(a.job).stop()
+            print(f"{a.job}: {LocalJob(a.job).status()}")
+        elif a.cmd == "store":
+            from trainyard.sdk.store import ensure_store, stop_store, store_root
+
+            if a.stop:
+                print("stopped" if stop_store() else "not running")
+            else:
+                ep = ensure_store()
+                print(f"{ep.url}\t{'embedded, objects under ' + store_root() if ep.embedded else 'AWS_ENDPOINT_URL'}")
+    except ConfigError as e:
+        print(f"trainyard: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

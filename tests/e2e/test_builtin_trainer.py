@@ -1,0 +1,57 @@
+"""The built-in trainer through `Estimator`, on the embedded store (slow: real multi-process jobs)."""
+import pytest
+
+from trainyard import Estimator
+from trainyard.engine.checkpoint import latest_committed_step, list_steps
+
+from .helpers import assert_no_processes_left, read_tar, store_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 3, "lr": 0.01,
+       "warmup_steps": 2, "decay_steps": 16}
+
+
+def _est(steps, **kw):
+    args = dict(entry_point="trainyard.engine.train", instance_type="local", instance_count=2, processes_per_host=2,
+                hyperparameters={**HPS, "steps": steps}, max_run=400)
+    args.update(kw)
+    return Estimator(**args)
+
+
+def test_train_checkpoint_resume_on_two_hosts(monkeypatch):
+    ckpt = "s3://e2e-ckpt/run-1"
+    est = _est(10, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": 10, "checkpoint_every": 4})
+    est.fit(logs=False)
+    job = est.latest_training_job
+    m = job.metrics()
+    assert [r["step"] for r in m] == list(range(1, 11))
+    assert m[-1]["loss"] < m[0]["loss"] - 0.5, [r["loss"] for r in m]
+    assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 for r in m)
+    model = read_tar(est.model_data)
+    assert {"model.pt", "config.json"} <= set(model)
+    # committed steps under checkpoint_s3_uri: 8 and 10 (keep_last 2), each with its .metadata
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store_client().meta.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    assert latest_committed_step(ckpt) == 10 and list_steps(ckpt) == {8: True, 10: True}
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert_no_processes_left(job)
+
+    again = _est(13, checkpoint_s3_uri=ckpt)
+    again.fit(logs=False)
+    m2 = again.latest_training_job.metrics()
+    assert [r["step"] for r in m2] == [11, 12, 13]
+    assert "resumed from step 10 at s3://e2e-ckpt/run-1" in again.latest_training_job.logs()
+
+
+def test_loss_curve_independent_of_process_count():
+    one = _est(5, instance_count=1, processes_per_host=1)
+    one.fit(logs=False)
+    four = _est(5)
+    four.fit(logs=False)
+    a = [r["loss"] for r in one.latest_training_job.metrics()]
+    b = [r["loss"] for r in four.latest_training_job.metrics()]
+    assert len(a) == len(b) == 5
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-5 * abs(x), (a, b)
