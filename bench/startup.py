@@ -61,7 +61,7 @@ def main() -> int:
     print(f"\nfit() to first step, local 2 hosts x 2 processes, model {a.model}, {os.cpu_count()} cores")
     print(f"{'phase':<32}{'seconds':>10}")
     for name, v in rows:
-        print(f"{name:<32}{v:>10.2f}")
+        print(f"{name:<32}{v:>10.3f}")
     verdict = "met" if med["first_step"] <= GOAL_S else "MISSED"
     print(f"goal first_step <= {GOAL_S:.0f} s: {verdict}")
     result = {
