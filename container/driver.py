@@ -69,7 +69,7 @@ def fetch_code(code_uri: str, code_dir: str) -> None:
             tar.extractall(code_dir, filter="data")
 
 
-def run_torchrun(cmd: list[str], cwd: str, host: str) -> tuple[int, RankFailure | None]:
+def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int, RankFailure | None]:
     """Run torchrun's launcher in this process. Returns (exit status, root-cause failure or None)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -84,15 +84,16 @@ def run_torchrun(cmd: list[str], cwd: str, host: str) -> tuple[int, RankFailure 
     except ChildFailedError as e:
         failures = []
         for rank, f in e.failures.items():
-            failures.append(_rank_failure(host, rank, f))
+            failures.append(_rank_failure(host, rank, f, log_dir))
         return 1, root_cause(failures)
 
 
-def _rank_failure(host: str, rank: int, f) -> RankFailure:
+def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
     text, when = "", float(f.timestamp)
-    logs = os.path.dirname(f.error_file) if f.error_file else ""
-    stderr = os.path.join(logs, "stderr.log")
-    if os.path.exists(stderr):  # the time of its last words is a better clock than torchrun's whole seconds
+    # torchrun's layout: <log_dir>/<run id>/attempt_<n>/<local rank>/stderr.log
+    logs = sorted(glob.glob(f"{log_dir}/*/attempt_*/{f.local_rank}/stderr.log"), key=os.path.getmtime)
+    stderr = logs[-1] if logs else ""
+    if stderr:  # the time of its last words is a better clock than torchrun's whole seconds
         when = os.path.getmtime(stderr)
         with open(stderr, errors="replace") as fh:
             text = tail(fh.read())
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
         )
         _say(host, "launching " + " ".join(cmd[1:]))
-        code, failure = run_torchrun(cmd, code_dir, host)
+        code, failure = run_torchrun(cmd, code_dir, host, log_dir)
         if failure is not None:
             reason = failure.reason()
     except Exception as e:  # the driver itself failed: the job fails with that reason

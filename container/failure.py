@@ -2,7 +2,8 @@
 
 When one rank dies, its peers fail moments later with collective errors (a gloo pair closed, an
 NCCL communicator aborted). Those are echoes, not causes: a failure whose last lines look like one
-ranks after any failure that does not; then the earliest wins.
+ranks after any failure that does not, and so does a rank that torchrun itself ended with SIGTERM;
+then the earliest wins.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class RankFailure:
 
     @property
     def is_echo(self) -> bool:
-        return bool(_ECHO.search(self.last_lines))
+        # SIGTERM is how torchrun ends a failed rank's peers; SIGKILL (say, the OOM killer) is a cause
+        return self.signal == "SIGTERM" or bool(_ECHO.search(self.last_lines))
 
     def reason(self) -> str:
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
