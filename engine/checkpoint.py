@@ -44,10 +44,19 @@ def _check_uri_type(uri: Any) -> None:
         raise ValueError(f"checkpoint uri must be a non-empty str, got {uri!r}")
 
 
+def storage_options(uri: str) -> dict[str, Any]:
+    """fsspec options for `uri`: the S3 endpoint named explicitly, so that fsspec's instance cache never
+    hands out a filesystem bound to another endpoint (it keys instances by these options)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if uri.startswith("s3://") and endpoint:
+        return {"client_kwargs": {"endpoint_url": endpoint}}
+    return {}
+
+
 def _fs(uri: str):
     from fsspec.core import url_to_fs
 
-    fs, path = url_to_fs(uri)
+    fs, path = url_to_fs(uri, **storage_options(uri))
     return fs, path.rstrip("/")
 
 
@@ -175,7 +184,7 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     target = step_uri(uri, step)
     state = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
     # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
-    writer = FsspecWriter(target, sync_files=not is_remote(uri))
+    writer = FsspecWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
     dcp.save(state, storage_writer=writer)
     # dcp.save returns on every rank only after the coordinator wrote .metadata: the step is committed.
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -188,7 +197,7 @@ def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     """Load step `step` from `uri` into model, optimizer and scheduler (a collective). Returns the step."""
     target = step_uri(uri, step)
     trainer = TrainerState(scheduler)
-    dcp.load({"app": ModelOptimState(model, optimizer), "trainer": trainer}, storage_reader=FsspecReader(target))
+    dcp.load({"app": ModelOptimState(model, optimizer), "trainer": trainer}, storage_reader=FsspecReader(target, **storage_options(uri)))
     if trainer.step != step:
         raise ValueError(f"checkpoint {target} holds step {trainer.step}, expected {step}")
     return trainer.step

@@ -100,19 +100,29 @@ def test_distribution_and_environment(src):
     _refused("environment", _est, src, environment={"1A": "x"})
 
 
-def _nothing_started():
-    assert not os.path.exists(jobs_root()) or os.listdir(jobs_root()) == []
+def _jobs() -> set[str]:
+    return set(os.listdir(jobs_root())) if os.path.exists(jobs_root()) else set()
 
 
-def _no_code_uploaded():
-    from trainyard.sdk.store import ensure_store
-
+def _code_objects() -> set[str]:
     import boto3
+
+    from trainyard.sdk.store import ensure_store
 
     ep = ensure_store()
     s3 = boto3.client("s3", endpoint_url=ep.url, aws_access_key_id="x", aws_secret_access_key="x",
                       region_name="us-east-1")
-    assert s3.list_objects_v2(Bucket="trainyard-default", Prefix="trainyard-code/").get("KeyCount", 0) == 0
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="trainyard-default", Prefix="trainyard-code/")
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.fixture
+def nothing_started():
+    """Asserts that the test started no job and uploaded no code."""
+    jobs, code = _jobs(), _code_objects()
+    yield
+    assert _jobs() == jobs, "a job was started"
+    assert _code_objects() == code, "code was uploaded"
 
 
 @pytest.mark.parametrize("inputs,field", [
@@ -122,23 +132,19 @@ def _no_code_uploaded():
     ({"train": TrainingInput("s3://bucket/x", distribution="Sharded")}, "inputs.train"),
     (42, "inputs"),
 ])
-def test_bad_inputs(src, inputs, field):
+def test_bad_inputs(src, inputs, field, nothing_started):
     est = _est(src)
     _refused(field, est.fit, inputs, wait=False)
-    _nothing_started()
 
 
-def test_inputs_that_do_not_exist(src, tmp_path):
+def test_inputs_that_do_not_exist(src, tmp_path, nothing_started):
     est = _est(src)
     _refused("inputs.train", est.fit, {"train": f"file://{tmp_path}/missing"}, wait=False)
     msg = _refused("inputs.train", est.fit, {"train": "s3://trainyard-default/no/such/prefix"}, wait=False)
     assert "nothing found" in msg
-    _nothing_started()
-    _no_code_uploaded()
 
 
-def test_bad_job_name(src):
+def test_bad_job_name(src, nothing_started):
     est = _est(src)
     _refused("job_name", est.fit, None, wait=False, job_name="bad_name")
     _refused("base_job_name", _est, src, base_job_name="-x")
-    _nothing_started()
