@@ -1,15 +1,17 @@
 """Local jobs running user scripts on 2 emulated hosts x 2 processes (slow: real processes)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from trainyard import Estimator, TrainingInput
 from trainyard.sdk.errors import JobFailedError
 
-from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client, wait_for_log
+from .helpers import SCRIPTS, assert_no_processes_left, job_processes, read_tar, store_client, wait_for_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -82,3 +84,33 @@ def test_stop_and_max_run_leave_no_process(dataset):
     assert "MaxRuntimeExceeded" in str(e.value) and "max_run=8s" in str(e.value)
     assert est.latest_training_job.describe()["TrainingJobStatus"] == "Stopped"
     assert_no_processes_left(est.latest_training_job)
+
+
+def test_ctrl_c_in_fit_stops_the_job(dataset):
+    """Ctrl-C while `fit()` waits: the job is stopped, every process of it ends, KeyboardInterrupt surfaces."""
+    from trainyard.sdk.local import LocalJob
+
+    name = f"ctrl-c-{int(time.time())}"
+    code = (f"from trainyard import Estimator\n"
+            f"Estimator(entry_point='sm_train.py', source_dir={SCRIPTS!r}, instance_count=2, processes_per_host=2,"
+            f" hyperparameters={{'mode': 'sleep'}}).fit({{'train': {dataset!r}}}, job_name={name!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                job = LocalJob(name)
+                if "[algo-2/3] rank=3" in job.logs():
+                    break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        assert job_processes(job), "the job never started"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in out and "stopping" in out
+    assert job.describe()["TrainingJobStatus"] == "Stopped"
+    assert_no_processes_left(job)
