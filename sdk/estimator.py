@@ -22,6 +22,7 @@ from trainyard.sdk.errors import ConfigError
 from trainyard.sdk.spec import DEFAULT_MAX_RUN, JobSpec, build_spec
 from trainyard.sdk.uris import check_storage_uri, split_s3
 
+BUILTIN_TRAINER = "trainyard.engine.train"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$|^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -69,6 +70,8 @@ class Estimator:
         if checkpoint_local_path is not None:
             fields["checkpoint_local_path"] = checkpoint_local_path
         self._spec = build_spec(**fields)
+        if kind == "module" and entry == BUILTIN_TRAINER:
+            _check_builtin_hyperparameters(self._spec)
         self.latest_training_job = None
 
     # SageMaker-style read access to what was configured
@@ -166,6 +169,17 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
             return None, entry_point, "module"
     raise ConfigError("entry_point", f"{entry_point!r} is neither a file nor an installed module; pass source_dir "
                                      "with the script in it, or a module name such as 'trainyard.engine.train'")
+
+
+def _check_builtin_hyperparameters(spec: JobSpec) -> None:
+    """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
+    from trainyard.container.contract import user_args
+    from trainyard.engine.config import parse_hyperparameters
+
+    try:
+        parse_hyperparameters(user_args(spec.hyperparameters)).accumulation(spec.world_size)
+    except ValueError as e:
+        raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
 
 
 def _default_base_name(entry: str) -> str:

@@ -148,3 +148,15 @@ def test_bad_job_name(src, nothing_started):
     est = _est(src)
     _refused("job_name", est.fit, None, wait=False, job_name="bad_name")
     _refused("base_job_name", _est, src, base_job_name="-x")
+
+
+@pytest.mark.parametrize("hps,text", [
+    ({"stepz": 3}, "--stepz"),
+    ({"model": "huge"}, "unknown model 'huge'"),
+    ({"steps": 0}, "steps must be >= 1"),
+    ({"global_batch_size": 6, "micro_batch_size": 2}, "multiple of 8"),
+])
+def test_builtin_trainer_hyperparameters_checked_up_front(hps, text):
+    msg = _refused("hyperparameters", Estimator, entry_point="trainyard.engine.train", instance_type="local",
+                   instance_count=2, processes_per_host=2, hyperparameters=hps)
+    assert text in msg
