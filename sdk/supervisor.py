@@ -82,6 +82,9 @@ def private_opt_ml_works(probe_dir: str) -> bool:
 
 class Supervisor:
     def __init__(self, jobdir: str):
+        # handlers first: a stop() that comes while we start must stop the job, not kill us mid-way
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, self._on_signal)
         self.jobdir = jobdir
         self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
         self.runtime = read_json(f"{jobdir}/runtime.json")
@@ -231,8 +234,7 @@ class Supervisor:
 
     def run(self) -> int:
         set_subreaper()
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, self._on_signal)
+        write_json(f"{self.jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
         spec, st = self.spec, self.status
         outcome, reason = "Failed", ""
         try:
@@ -273,7 +275,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     jobdir = argv[0]
     _log(f"supervisor pid {os.getpid()} for {jobdir}")
-    write_json(f"{jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
     return Supervisor(jobdir).run()
 
 
