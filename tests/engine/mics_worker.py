@@ -1,0 +1,111 @@
+"""Worker for the MiCS equivalence tests, run on 2 emulated hosts x 2 processes (two torchrun agents).
+
+For every configuration in argv[1] (JSON list), it trains the model with MiCS for STEPS optimizer steps
+and compares every parameter, gathered, with an unsharded single-process oracle that trained on the same
+global batches. Rank 0 writes {config name: worst relative error} to argv[2], plus whether the hierarchical collectives
+are bit-identical to the flat ones.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from trainyard.engine.data import SyntheticSource, micro_batches, rank_rows
+from trainyard.engine.mics import (HierarchicalAllGather, HierarchicalReduceScatter, MiCSConfig, apply_mics,
+                                   sync_microbatch)
+from trainyard.engine.model import ModelConfig, build_model, init_weights
+from trainyard.engine.parallel import ParallelDims
+
+STEPS = 3
+CFG = ModelConfig(vocab_size=128, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=64)
+SEQ, SEED, LR, CLIP = 16, 5, 1e-3, 0.05  # CLIP well below the gradient norm: clipping is active
+
+
+def optimizer(model):
+    # eps large enough that near-zero gradients do not turn summation-order noise into whole updates
+    return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5, weight_decay=0.1)
+
+
+def oracle(global_batch: int) -> dict[str, torch.Tensor]:
+    model = build_model(CFG)
+    init_weights(model, SEED, device="cpu")
+    opt = optimizer(model)
+    data = SyntheticSource(seed=SEED, global_batch_size=global_batch, seq_len=SEQ, vocab_size=CFG.vocab_size)
+    for step in range(1, STEPS + 1):
+        rows = data.global_batch(step)
+        logits = model(rows[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def run(case: dict, pph: int) -> dict[str, torch.Tensor]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dims = ParallelDims(dp_replicate=case["dp_replicate"], dp_shard=case["dp_shard"], world_size=world,
+                        processes_per_host=pph)
+    dims.build_mesh("cpu")
+    model = build_model(CFG)
+    apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"]))
+    init_weights(model, SEED, device="cpu")
+    opt = optimizer(model)
+    accum = case["accum"]
+    data = SyntheticSource(seed=SEED, global_batch_size=world * accum, seq_len=SEQ, vocab_size=CFG.vocab_size)
+    for step in range(1, STEPS + 1):
+        micro = micro_batches(rank_rows(data.global_batch(step), rank, world), 1)
+        for i, rows in enumerate(micro):
+            sync_microbatch(model, i, accum, two_hop=case.get("two_hop", True))
+            logits = model(rows[:, :-1])
+            (F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()) / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def check_collectives(pph: int) -> dict[str, bool]:
+    """Hierarchical all-gather and reduce-scatter against the flat ones over a group spanning both hosts:
+    bit-identical (the reduce-scatter on integer-valued data, whose sums are exact in any order)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dims = ParallelDims(dp_replicate=1, dp_shard=world, world_size=world, processes_per_host=pph)
+    mesh = dims.build_mesh("cpu")
+    group = mesh.get_group("dp_shard")
+    args = (mesh.get_group("dp_shard_intra"), mesh.get_group("dp_shard_inter"), dims.shard_hosts, dims.shard_per_host)
+    g = torch.Generator().manual_seed(rank)
+    shard = torch.randn(1000, generator=g)
+    flat, hier = torch.empty(world * 1000), torch.empty(world * 1000)
+    dist.all_gather_into_tensor(flat, shard, group=group)
+    HierarchicalAllGather(*args)(hier, shard, group)
+    full = torch.randint(-1000, 1000, (world * 1000,), generator=g).float()
+    out_flat, out_hier = torch.empty(1000), torch.empty(1000)
+    dist.reduce_scatter_tensor(out_flat, full, group=group)
+    HierarchicalReduceScatter(*args)(out_hier, full, group, dist.ReduceOp.SUM)
+    return {"all_gather_identical": torch.equal(flat, hier), "reduce_scatter_identical": torch.equal(out_flat, out_hier)}
+
+
+def main() -> None:
+    cases, out = json.loads(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo")
+    pph = int(os.environ["LOCAL_WORLD_SIZE"])
+    errors: dict = check_collectives(pph)
+    oracles: dict[int, dict] = {}
+    for case in cases:
+        got = run(case, pph)
+        if dist.get_rank() == 0:
+            gb = dist.get_world_size() * case["accum"]
+            want = oracles.setdefault(gb, oracle(gb))
+            errors[case["name"]] = max(((got[k] - w).norm() / w.norm()).item() for k, w in want.items())
+    if dist.get_rank() == 0:
+        with open(out, "w") as fh:
+            json.dump(errors, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""MiCS: layout checks, and equivalence with an unsharded single-process oracle on 2 hosts x 2 ranks."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from trainyard.engine.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.parallel import ParallelDims
+
+WORKER = os.path.join(os.path.dirname(__file__), "mics_worker.py")
+
+
+def test_layout_keeps_groups_in_hosts_or_spans_whole_hosts():
+    inside = ParallelDims(dp_replicate=2, dp_shard=2, world_size=4, processes_per_host=2)
+    assert inside.shard_groups() == [[0, 1], [2, 3]] and inside.replicate_groups() == [[0, 2], [1, 3]]
+    assert inside.shard_hosts == 1 and not uses_hierarchy(inside, MiCSConfig())
+    spanning = ParallelDims(dp_replicate=2, dp_shard=4, world_size=8, processes_per_host=2)
+    assert spanning.shard_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (spanning.shard_hosts, spanning.shard_per_host) == (2, 2)
+    assert uses_hierarchy(spanning, MiCSConfig()) and not uses_hierarchy(spanning, MiCSConfig(hierarchical=False))
+    with_tp = ParallelDims(dp_replicate=1, dp_shard=2, tp=2, world_size=4, processes_per_host=4)
+    assert with_tp.shard_groups() == [[0, 2], [1, 3]]
+
+
+@pytest.mark.parametrize("kw,text", [
+    (dict(dp_replicate=1, dp_shard=3, world_size=4, processes_per_host=2), "must equal the world size 4"),
+    (dict(dp_replicate=2, dp_shard=3, world_size=6, processes_per_host=2), "must fit inside a host of 2"),
+    (dict(dp_replicate=1, dp_shard=2, tp=4, world_size=8, processes_per_host=2), "tp (4) must divide"),
+    (dict(dp_replicate=1, dp_shard=6, world_size=6, processes_per_host=4), "whole number of hosts"),
+    (dict(dp_replicate=0, dp_shard=4, world_size=4, processes_per_host=2), "dp_replicate must be"),
+])
+def test_impossible_layouts_name_the_numbers(kw, text):
+    with pytest.raises(ValueError) as e:
+        ParallelDims(**kw)
+    assert text in str(e.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_on_two_hosts(cases: list[dict], tmp_path) -> dict:
+    """Two torchrun agents (node rank 0 and 1, 2 processes each), static rendezvous on loopback."""
+    out, port = tmp_path / "errors.json", _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+         "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+         WORKER, json.dumps(cases), str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in (0, 1)]
+    logs = []
+    try:
+        for a in agents:
+            logs.append(a.communicate(timeout=400)[0])
+    finally:
+        for a in agents:
+            a.kill()
+    assert all(a.returncode == 0 for a in agents), "\n".join(x[-4000:] for x in logs)
+    return json.loads(out.read_text())
+
+
+CASES = [
+    dict(name="zero3-1x4-hier", dp_replicate=1, dp_shard=4, hierarchical=None, accum=1),
+    dict(name="zero3-1x4-flat", dp_replicate=1, dp_shard=4, hierarchical=False, accum=3),
+    dict(name="mics-1x4-hier-accum3", dp_replicate=1, dp_shard=4, hierarchical=True, accum=3),
+    dict(name="mics-2x2-accum1", dp_replicate=2, dp_shard=2, hierarchical=None, accum=1),
+    dict(name="mics-2x2-accum3-2hop", dp_replicate=2, dp_shard=2, hierarchical=None, accum=3),
+    dict(name="hsdp-2x2-accum3-flat", dp_replicate=2, dp_shard=2, hierarchical=None, accum=3, two_hop=False),
+    dict(name="ddp-4x1-accum3", dp_replicate=4, dp_shard=1, hierarchical=None, accum=3),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_mics_matches_the_single_process_oracle(tmp_path):
+    errors = run_on_two_hosts(CASES, tmp_path)
+    assert errors.pop("all_gather_identical") is True and errors.pop("reduce_scatter_identical") is True
+    assert set(errors) == {c["name"] for c in CASES}
+    assert all(e <= 1e-5 for e in errors.values()), errors
