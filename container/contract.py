@@ -64,6 +64,7 @@ def render_contract(
 ) -> HostContract:
     """The contract of host `algo-<host_index+1>` of `spec`, with the `/opt/ml` tree at `root`."""
     from trainyard.sdk import catalog
+    from trainyard.sdk.distribution import normalize
 
     if not 0 <= host_index < spec.instance_count:
         raise ValueError(f"host_index {host_index} outside 0..{spec.instance_count - 1}")
@@ -153,6 +154,9 @@ def render_contract(
             "SM_USER_ARGS": json.dumps(args),
             "SM_TRAINING_ENV": json.dumps(training_env),
             "TRAINING_JOB_NAME": spec.job_name,
+            # the typed distribution, read by trainyard.engine (ignored by other scripts)
+            "TRAINYARD_DISTRIBUTION": json.dumps(normalize(spec.distribution, world_size=spec.world_size,
+                                                           processes_per_host=spec.processes_per_host)),
         }
     )
     env.update({f"SM_CHANNEL_{c.upper()}": f"{root}/input/data/{c}" for c in channels})

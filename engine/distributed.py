@@ -1,7 +1,4 @@
-"""Process group, device and data-parallel mesh from torchrun's environment; FSDP2 sharding.
-
-Minimal first version: a 1-D mesh named ("dp_shard",). A later ParallelDims replaces `Dist`.
-"""
+"""Process group and device from torchrun's environment. The mesh is ParallelDims' (parallel.py)."""
 from __future__ import annotations
 
 import gc
@@ -10,9 +7,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,8 +23,8 @@ class Dist:
     """cuda:LOCAL_RANK when CUDA is available, else cpu."""
     backend: str
     """nccl on GPUs, gloo on CPU."""
-    mesh: DeviceMesh
-    """1-D mesh over all ranks, dimension named "dp_shard"."""
+    processes_per_host: int
+    """Ranks on this host (torchrun's LOCAL_WORLD_SIZE; 1 for a plain process)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -76,8 +70,9 @@ def init_distributed(env: dict | None = None) -> Dist:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         else:
             raise ValueError(f"WORLD_SIZE={world} but RANK/MASTER_ADDR are not set: launch with torchrun")
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp_shard",))
-    return Dist(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend, mesh=mesh)
+    pph = _env_int(env, "LOCAL_WORLD_SIZE", world)
+    return Dist(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
+                processes_per_host=pph)
 
 
 def destroy_distributed() -> None:
@@ -89,23 +84,3 @@ def destroy_distributed() -> None:
         dist.barrier()
         dist.destroy_process_group()
 
-
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> nn.Module:
-    """FSDP2 `fully_shard` on each block of `model.layers`, then on the root.
-
-    param_dtype is the compute dtype of the gathered parameters (the sharded master copy keeps its
-    own dtype, float32); reduce_dtype is the dtype of the gradient reduce-scatter.
-    """
-    policy = MixedPrecisionPolicy(
-        param_dtype=None if param_dtype == torch.float32 else param_dtype,
-        reduce_dtype=None if reduce_dtype == torch.float32 and param_dtype == torch.float32 else reduce_dtype,
-    )
-    blocks = list(model.layers.values())
-    for i, block in enumerate(blocks):
-        # The last block is gathered again at once by backward: keeping it unsharded after forward
-        # saves one all-gather per step.
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < len(blocks) - 1)
-    # The root holds the embedding, final norm and head; backward starts with them, so they stay
-    # gathered after forward.
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-    return model

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
 
 
@@ -78,8 +76,10 @@ class ParallelDims:
     def mesh_shape(self) -> tuple[int, ...]:
         return (self.pp, self.dp_replicate, self.shard_hosts, self.shard_per_host, self.tp)
 
-    def rank_grid(self) -> torch.Tensor:
-        """The ranks laid out in MESH_DIMS order (what the mesh is built from)."""
+    def rank_grid(self):
+        """The ranks laid out in MESH_DIMS order (what the mesh is built from), as a tensor."""
+        import torch  # lazily: the SDK validates layouts without loading torch
+
         return torch.arange(self.world_size).reshape(self.mesh_shape)
 
     def host_of(self, rank: int) -> int:
@@ -113,3 +113,13 @@ class ParallelDims:
     def dp_mesh(self):
         """The 2-D `(dp_replicate, dp_shard)` mesh FSDP2 shards over (dim 0 replicates)."""
         return self.mesh["dp_replicate", "dp_shard"]
+
+
+def dims_from_distribution(distribution: dict, *, world_size: int, processes_per_host: int) -> ParallelDims:
+    """ParallelDims for the typed `distribution` (see `trainyard.sdk.distribution`): partition groups of
+    `mics.partition_group_size` ranks (default: the whole world, ZeRO-3), replicated over the rest."""
+    p = (distribution.get("mics") or {}).get("partition_group_size") or world_size
+    if world_size % p:
+        raise ValueError(f"partition_group_size {p} must divide the world size {world_size}")
+    return ParallelDims(dp_replicate=world_size // p, dp_shard=p, world_size=world_size,
+                        processes_per_host=processes_per_host)

@@ -23,9 +23,11 @@ from trainyard.engine import checkpoint as ckpt
 from trainyard.engine.config import (TrainConfig, checkpoint_uri_from_contract, model_dir, output_data_dir,
                                      parse_hyperparameters)
 from trainyard.engine.data import build_source, micro_batches, rank_rows
-from trainyard.engine.distributed import Dist, apply_fsdp, destroy_distributed, init_distributed
+from trainyard.engine.distributed import Dist, destroy_distributed, init_distributed
+from trainyard.engine.mics import MiCSConfig, apply_mics, sync_microbatch, uses_hierarchy
 from trainyard.engine.model import MODEL_CONFIGS, Transformer, build_model, count_parameters, init_weights
 from trainyard.engine.optim import build_optimizer, build_scheduler
+from trainyard.engine.parallel import dims_from_distribution
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -54,8 +56,9 @@ def train_step(model: Transformer, micro: list[torch.Tensor], optimizer, schedul
     accum = len(micro)
     local_loss = torch.zeros((), device=d.device)
     for i, rows in enumerate(micro):
-        # Reduce-scatter gradients only after the last micro-batch; before it they accumulate locally.
-        model.set_requires_gradient_sync(i == accum - 1)
+        # 2-hop: reduce-scatter inside the partition group every micro-batch, all-reduce across the
+        # replicas on the last one only.
+        sync_microbatch(model, i, accum, two_hop=True)
         rows = rows.to(d.device, non_blocking=True)
         logits = model(rows[:, :-1])
         # Mean over this micro-batch's tokens / accum: summed over micro-batches and averaged over
@@ -109,15 +112,24 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     source = build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
                           vocab_size=mcfg.vocab_size, token_dtype=cfg.token_dtype)
 
+    distribution = json.loads(os.environ.get("TRAINYARD_DISTRIBUTION") or "{}")
+    dims = dims_from_distribution(distribution, world_size=d.world_size, processes_per_host=d.processes_per_host)
+    dims.build_mesh(d.device.type)
+    mics = distribution.get("mics") or {}
+    mics_config = MiCSConfig(
+        param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32,
+        hierarchical=mics.get("hierarchical_allgather"), reshard_after_forward=mics.get("reshard_after_forward", True))
     model = build_model(mcfg)
-    apply_fsdp(model, d.mesh, param_dtype=dtype, reduce_dtype=torch.float32)
+    apply_mics(model, dims, mics_config)
     init_weights(model, cfg.seed, device=d.device)
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.schedule_steps,
                                 min_lr_ratio=cfg.min_lr_ratio)
     _log(d, f"model {cfg.model} ({count_parameters(model) / 1e6:.2f}M parameters), world {d.world_size} on "
             f"{d.device.type}/{d.backend}, dtype {str(dtype).removeprefix('torch.')}, "
-            f"{accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}")
+            f"{accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; partition groups "
+            f"of {dims.dp_shard} x {dims.dp_replicate} replica(s)"
+            f"{', hierarchical over ' + str(dims.shard_hosts) + ' hosts' if uses_hierarchy(dims, mics_config) else ''}")
 
     uri = cfg.checkpoint_uri or checkpoint_uri_from_contract()
     start = 0

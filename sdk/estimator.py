@@ -70,6 +70,10 @@ class Estimator:
         if checkpoint_local_path is not None:
             fields["checkpoint_local_path"] = checkpoint_local_path
         self._spec = build_spec(**fields)
+        from trainyard.sdk.distribution import normalize
+
+        normalize(self._spec.distribution, world_size=self._spec.world_size,
+                  processes_per_host=self._spec.processes_per_host)
         if kind == "module" and entry == BUILTIN_TRAINER:
             _check_builtin_hyperparameters(self._spec)
         self.latest_training_job = None

@@ -23,7 +23,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # distribution keys understood today; others are refused rather than silently ignored
-DISTRIBUTION_KEYS = ("torch_distributed", "pytorchddp", "smdistributed", "mpi")
+DISTRIBUTION_KEYS = ("mics", "torch_distributed", "pytorchddp", "smdistributed", "mpi")
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
 
 

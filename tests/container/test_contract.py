@@ -74,6 +74,20 @@ def test_environment_variables():
     assert all(f"SM_{k.upper()}" in env for k in training_env)
 
 
+def test_typed_distribution_reaches_the_engine():
+    env = render_contract(_spec(), 0).env
+    assert json.loads(env["TRAINYARD_DISTRIBUTION"]) == {
+        "mics": {"partition_group_size": 24, "hierarchical_allgather": None, "reshard_after_forward": True}}
+    smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+        "sharded_data_parallel_degree": 8, "sdp_hierarchical_allgather": False}}}}
+    env = render_contract(_spec(distribution=smp), 0).env
+    assert json.loads(env["TRAINYARD_DISTRIBUTION"])["mics"] == {
+        "partition_group_size": 8, "hierarchical_allgather": False, "reshard_after_forward": True}
+    v2 = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"hybrid_shard_degree": 4}}}}
+    assert json.loads(render_contract(_spec(distribution=v2), 0).env["TRAINYARD_DISTRIBUTION"])["mics"][
+        "partition_group_size"] == 4
+
+
 def test_root_moves_every_path_and_user_env_wins():
     c = render_contract(_spec(environment={"SM_LOG_LEVEL": "10", "MY_VAR": "x"}), 0, root="/jobs/j/algo-1")
     assert c.env["SM_MODEL_DIR"] == "/jobs/j/algo-1/model"

@@ -45,13 +45,17 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch):
     assert "resumed from step 10 at s3://e2e-ckpt/run-1" in again.latest_training_job.logs()
 
 
-def test_loss_curve_independent_of_process_count():
-    one = _est(5, instance_count=1, processes_per_host=1)
-    one.fit(logs=False)
-    four = _est(5)
-    four.fit(logs=False)
-    a = [r["loss"] for r in one.latest_training_job.metrics()]
-    b = [r["loss"] for r in four.latest_training_job.metrics()]
-    assert len(a) == len(b) == 5
-    for x, y in zip(a, b):
-        assert abs(x - y) <= 1e-5 * abs(x), (a, b)
+def test_loss_curve_independent_of_process_count_and_layout():
+    """1 process, ZeRO-3 over 2 hosts x 2 (the default) and MiCS p=2: one loss curve (fp32)."""
+    runs = {"one": _est(5, instance_count=1, processes_per_host=1), "zero3": _est(5),
+            "mics": _est(5, distribution={"mics": {"partition_group_size": 2}})}
+    curves = {}
+    for name, est in runs.items():
+        est.fit(logs=False)
+        curves[name] = [r["loss"] for r in est.latest_training_job.metrics()]
+    assert "partition groups of 2 x 2 replica(s)" in runs["mics"].latest_training_job.logs()
+    assert "partition groups of 4 x 1 replica(s)" in runs["zero3"].latest_training_job.logs()
+    for name in ("zero3", "mics"):
+        assert len(curves[name]) == 5
+        for x, y in zip(curves["one"], curves[name]):
+            assert abs(x - y) <= 1e-5 * abs(x), (name, curves)

@@ -96,6 +96,15 @@ def test_max_run(src, max_run):
 
 def test_distribution_and_environment(src):
     _refused("distribution", _est, src, distribution={"deepspeed": {}})
+    # partition groups that neither fit in a host nor span whole hosts, or do not divide the world
+    msg = _refused("distribution", _est, src, instance_count=3, processes_per_host=2,
+                   distribution={"mics": {"partition_group_size": 3}})
+    assert "host of 2 processes" in msg
+    _refused("distribution", _est, src, instance_count=2, distribution={"mics": {"partition_group_size": 3}})
+    _refused("distribution", _est, src, distribution={"mics": {"partition_group_size": 2, "p": 1}})
+    _refused("distribution", _est, src, distribution={"mics": {"hierarchical_allgather": "yes"}})
+    smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 3}}}}
+    _refused("distribution", _est, src, instance_count=2, distribution=smp)
     _refused("environment", _est, src, environment={"A": 1})
     _refused("environment", _est, src, environment={"1A": "x"})
 
