@@ -104,7 +104,8 @@ def uses_hierarchy(dims: ParallelDims, config: MiCSConfig) -> bool:
 
 def apply_mics(model: nn.Module, dims: ParallelDims, config: MiCSConfig) -> nn.Module:
     """Shard `model` (blocks in `model.layers`, then the root) over the partition groups of `dims`."""
-    mesh = dims.dp_mesh()
+    # one replica: plain 1-D sharding, so FSDP issues no all-reduce over groups of one
+    mesh = dims.mesh["dp_shard"] if dims.dp_replicate == 1 else dims.dp_mesh()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype,
                                   reduce_dtype=config.reduce_dtype or config.param_dtype)
     offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()

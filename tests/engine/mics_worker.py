@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from trainyard.engine.data import SyntheticSource, micro_batches, rank_rows
 from trainyard.engine.mics import (HierarchicalAllGather, HierarchicalReduceScatter, MiCSConfig, apply_mics,
                                    sync_microbatch)
+from trainyard.engine.meter import CommMeter, model_state_bytes
 from trainyard.engine.model import ModelConfig, build_model, init_weights
 from trainyard.engine.parallel import ParallelDims
 
@@ -88,6 +89,30 @@ def check_collectives(pph: int) -> dict[str, bool]:
     return {"all_gather_identical": torch.equal(flat, hier), "reduce_scatter_identical": torch.equal(out_flat, out_hier)}
 
 
+def measure(case: dict, pph: int) -> dict:
+    """One optimizer step of `case` under the comm meter; the totals, model-state bytes and model sizes."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dims = ParallelDims(dp_replicate=case["dp_replicate"], dp_shard=case["dp_shard"], world_size=world,
+                        processes_per_host=pph)
+    dims.build_mesh("cpu")
+    model = build_model(CFG)
+    blocks_bytes = sum(p.numel() * 4 for p in model.layers.parameters())
+    total_bytes = sum(p.numel() * 4 for p in model.parameters())
+    apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"]))
+    init_weights(model, SEED, device="cpu")
+    opt = optimizer(model)
+    accum = case["accum"]
+    data = SyntheticSource(seed=SEED, global_batch_size=world * accum, seq_len=SEQ, vocab_size=CFG.vocab_size)
+    meter = CommMeter(pph)
+    with meter.active():
+        for i, rows in enumerate(micro_batches(rank_rows(data.global_batch(1), rank, world), 1)):
+            sync_microbatch(model, i, accum, two_hop=True)
+            (F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten()) / accum).backward()
+    opt.step()
+    return {**meter.totals(), **model_state_bytes(model, opt), "blocks_bytes": blocks_bytes,
+            "total_bytes": total_bytes}
+
+
 def main() -> None:
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo")
@@ -95,6 +120,11 @@ def main() -> None:
     errors: dict = check_collectives(pph)
     oracles: dict[int, dict] = {}
     for case in cases:
+        if case.get("meter"):
+            result = measure(case, pph)
+            if dist.get_rank() == 0:
+                errors[case["name"]] = result
+            continue
         got = run(case, pph)
         if dist.get_rank() == 0:
             gb = dist.get_world_size() * case["accum"]

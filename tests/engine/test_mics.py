@@ -82,3 +82,41 @@ def test_mics_matches_the_single_process_oracle(tmp_path):
     assert errors.pop("all_gather_identical") is True and errors.pop("reduce_scatter_identical") is True
     assert set(errors) == {c["name"] for c in CASES}
     assert all(e <= 1e-5 for e in errors.values()), errors
+
+
+METER_CASES = [
+    dict(name="zero3", dp_replicate=1, dp_shard=4, hierarchical=False, accum=2, meter=True),
+    dict(name="mics-inside", dp_replicate=2, dp_shard=2, hierarchical=None, accum=2, meter=True),
+    dict(name="mics-span-flat", dp_replicate=1, dp_shard=4, hierarchical=False, accum=2, meter=True),
+    dict(name="mics-span-hier", dp_replicate=1, dp_shard=4, hierarchical=True, accum=2, meter=True),
+]
+
+
+def expected_bytes(case: dict, blocks: int, total: int) -> tuple[float, float]:
+    """(intra, inter) bytes one rank sends per step, by the formulas in docs/engine.md."""
+    s, p, r, pph = case["accum"], case["dp_shard"], case["dp_replicate"], 2
+    # per micro-batch: blocks gathered in forward and again in backward, the root once (it stays
+    # gathered for backward), every gradient reduce-scattered
+    volume = s * (2 * blocks + (total - blocks) + total)
+    across_replicas = 2 * (total / p) * (r - 1) / r  # all-reduce of the shards, once per step
+    if p <= pph:
+        return volume * (p - 1) / p, across_replicas
+    if case["hierarchical"] is False:
+        return 0.0, volume * (p - 1) / p + across_replicas
+    k, m = p // pph, pph
+    return volume * (m - 1) / m, volume * (k - 1) / p + across_replicas
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_comm_meter_and_memory_match_the_formulas(tmp_path):
+    results = run_on_two_hosts(METER_CASES, tmp_path)
+    for case in METER_CASES:
+        got = results[case["name"]]
+        intra, inter = expected_bytes(case, got["blocks_bytes"], got["total_bytes"])
+        assert got["intra_bytes"] == pytest.approx(intra, rel=1e-6), (case["name"], got)
+        assert got["inter_bytes"] == pytest.approx(inter, rel=1e-6), (case["name"], got)
+        # fp32 AdamW: parameters, gradients and two moments, each sharded over the partition group
+        assert got["model_state_bytes"] == pytest.approx(16 * got["total_bytes"] / 4 / case["dp_shard"], rel=0.05)
+    # hierarchy moves the bytes of a spanning group from the network onto the host
+    assert results["mics-span-hier"]["inter_bytes"] < results["mics-span-flat"]["inter_bytes"] / 2
