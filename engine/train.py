@@ -24,6 +24,7 @@ from trainyard.engine.config import (TrainConfig, checkpoint_uri_from_contract, 
                                      parse_hyperparameters)
 from trainyard.engine.data import build_source, micro_batches, rank_rows
 from trainyard.engine.distributed import Dist, destroy_distributed, init_distributed
+from trainyard.engine.meter import CommMeter, model_state_bytes
 from trainyard.engine.mics import MiCSConfig, apply_mics, sync_microbatch, uses_hierarchy
 from trainyard.engine.model import MODEL_CONFIGS, Transformer, build_model, count_parameters, init_weights
 from trainyard.engine.optim import build_optimizer, build_scheduler
@@ -51,8 +52,9 @@ def _broadcast_int(value: int | None, d: Dist) -> int | None:
 
 
 def train_step(model: Transformer, micro: list[torch.Tensor], optimizer, scheduler, cfg: TrainConfig,
-               d: Dist) -> tuple[float, float, float]:
-    """One optimizer step; returns (global-batch mean loss, lr used, pre-clip gradient norm)."""
+               d: Dist, memory: dict) -> tuple[float, float, float]:
+    """One optimizer step; returns (global-batch mean loss, lr used, pre-clip gradient norm) and fills
+    `memory` with this rank's model-state bytes."""
     accum = len(micro)
     local_loss = torch.zeros((), device=d.device)
     for i, rows in enumerate(micro):
@@ -73,6 +75,7 @@ def train_step(model: Transformer, micro: list[torch.Tensor], optimizer, schedul
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
+    memory.update(model_state_bytes(model, optimizer))  # with the gradients still held: the peak
     optimizer.zero_grad(set_to_none=True)
     # SUM then divide: never rely on a backend's AVG (gloo once summed silently, pytorch#162338).
     dist.all_reduce(local_loss, op=dist.ReduceOp.SUM)
@@ -148,15 +151,22 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
         os.makedirs(output_data_dir(), exist_ok=True)
         metrics = open(metrics_path, "a")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    meter = CommMeter(dims.processes_per_host)
     try:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             rows = rank_rows(source.global_batch(step), d.rank, d.world_size)
-            loss, lr, grad_norm = train_step(model, micro_batches(rows, cfg.micro_batch_size), optimizer,
-                                             scheduler, cfg, d)
+            meter.reset()
+            memory: dict = {}
+            with meter.active():
+                loss, lr, grad_norm = train_step(model, micro_batches(rows, cfg.micro_batch_size), optimizer,
+                                                 scheduler, cfg, d, memory)
             tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
             if metrics is not None:
-                record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s}
+                comm = meter.totals()
+                record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+                          "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
+                          "comm": comm["by_kind"], **memory}
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
             if step % cfg.log_every == 0 or step == cfg.steps:

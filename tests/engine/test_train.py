@@ -47,7 +47,14 @@ def test_one_and_four_processes_agree(tmp_path):
     single, out = run_train(tmp_path / "one", args)
     multi, _ = run_train(tmp_path / "four", args, nproc=4)
     assert [r["step"] for r in single] == [1, 2, 3, 4, 5]
-    assert set(single[0]) == {"step", "loss", "lr", "grad_norm", "tokens_per_s"}
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "inter_node_bytes", "intra_node_bytes", "comm",
+            "param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes"} == set(single[0])
+    # one process talks to nobody; four on one host (ZeRO-3 over 4) only inside the host
+    assert single[0]["inter_node_bytes"] == single[0]["intra_node_bytes"] == 0
+    assert multi[0]["inter_node_bytes"] == 0 and multi[0]["intra_node_bytes"] > 0
+    assert multi[0]["comm"]["all_gather"]["calls"] > 0 and multi[0]["comm"]["reduce_scatter"]["calls"] > 0
+    # model states are sharded four ways (fp32 AdamW: 16 bytes per parameter in all)
+    assert multi[0]["model_state_bytes"] == pytest.approx(single[0]["model_state_bytes"] / 4, rel=0.05)
     assert "step 5/5 loss" in out
     assert_losses_close(single, multi)
     for x, y in zip(single, multi):
