@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from trainyard.engine.ac import apply_ac
 from trainyard.engine.data import SyntheticSource, micro_batches, rank_rows
 from trainyard.engine.mics import (HierarchicalAllGather, HierarchicalReduceScatter, MiCSConfig, apply_mics,
                                    sync_microbatch)
@@ -52,6 +53,7 @@ def run(case: dict, pph: int) -> dict[str, torch.Tensor]:
                         processes_per_host=pph)
     dims.build_mesh("cpu")
     model = build_model(CFG)
+    apply_ac(model, case.get("ac", "none"))
     apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"]))
     init_weights(model, SEED, device="cpu")
     opt = optimizer(model)

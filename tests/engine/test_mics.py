@@ -72,6 +72,8 @@ CASES = [
     dict(name="mics-2x2-accum3-2hop", dp_replicate=2, dp_shard=2, hierarchical=None, accum=3),
     dict(name="hsdp-2x2-accum3-flat", dp_replicate=2, dp_shard=2, hierarchical=None, accum=3, two_hop=False),
     dict(name="ddp-4x1-accum3", dp_replicate=4, dp_shard=1, hierarchical=None, accum=3),
+    dict(name="mics-1x4-hier-ac-full", dp_replicate=1, dp_shard=4, hierarchical=True, accum=3, ac="full"),
+    dict(name="mics-2x2-ac-selective", dp_replicate=2, dp_shard=2, hierarchical=None, accum=1, ac="selective"),
 ]
 
 
