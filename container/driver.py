@@ -131,6 +131,7 @@ def write_failure(root: str, reason: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trainyard.sdk.jobstate import write_json
     from trainyard.sdk.spec import JobSpec
 
     p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
@@ -191,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_failure(root, reason)
             _say(host, f"uploading artifacts failed: {e}")
     status.update(exit_code=code, reason=reason, failure=failure.to_dict() if failure else None)
-    tmp = status_file + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(status, fh)
-    os.replace(tmp, status_file)
+    write_json(status_file, status)
     _say(host, {0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
     return code
 

@@ -50,19 +50,23 @@ class MiCSConfig:
             raise ValueError(f"hierarchical must be True, False or None, got {self.hierarchical!r}")
 
 
-class HierarchicalAllGather(AllGather):
-    """All-gather over a partition group of k hosts x m ranks: inter-host, then intra-host.
-
-    Group rank r = h * m + j (host h of the group, local index j). Hop 1 gathers the k shards of local
-    index j across hosts; hop 2 gathers the m results inside the host; a transpose puts the shards in
-    group-rank order. Pure data movement: the result is bit-identical to the flat all-gather.
-    """
+class _TwoHop:
+    """The groups of a partition group that spans k hosts with m ranks on each."""
 
     def __init__(self, intra: dist.ProcessGroup, inter: dist.ProcessGroup, k: int, m: int):
         self.intra, self.inter, self.k, self.m = intra, inter, k, m
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+
+class HierarchicalAllGather(_TwoHop, AllGather):
+    """All-gather over a partition group of k hosts x m ranks: inter-host, then intra-host.
+
+    Group rank r = h * m + j (host h of the group, local index j). Hop 1 gathers the k shards of local
+    index j across hosts; hop 2 gathers the m results inside the host; a transpose puts the shards in
+    group-rank order. Pure data movement: the result is bit-identical to the flat all-gather.
+    """
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
@@ -75,15 +79,9 @@ class HierarchicalAllGather(AllGather):
         return None  # done synchronously
 
 
-class HierarchicalReduceScatter(ReduceScatter):
+class HierarchicalReduceScatter(_TwoHop, ReduceScatter):
     """Reduce-scatter over k hosts x m ranks: intra-host first (the big hop stays on fast links), then
     inter-host among the k ranks with the same local index, on 1/m of the data."""
-
-    def __init__(self, intra: dist.ProcessGroup, inter: dist.ProcessGroup, k: int, m: int):
-        self.intra, self.inter, self.k, self.m = intra, inter, k, m
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op=dist.ReduceOp.SUM, async_op: bool = False) -> dist.Work | None:

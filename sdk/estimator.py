@@ -19,11 +19,10 @@ from typing import Any
 
 from trainyard.sdk import catalog
 from trainyard.sdk.errors import ConfigError
-from trainyard.sdk.spec import DEFAULT_MAX_RUN, JobSpec, build_spec
+from trainyard.sdk.spec import DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME, JobSpec, build_spec
 from trainyard.sdk.uris import check_storage_uri, split_s3
 
 BUILTIN_TRAINER = "trainyard.engine.train"
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$|^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Estimator:
@@ -159,12 +158,12 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
             raise ConfigError("source_dir", f"{source_dir!r} is not a directory; give the folder holding {entry_point!r}")
         if os.path.isfile(os.path.join(source_dir, entry_point)):
             return None, entry_point, "script"
-        if _MODULE.match(entry_point) and not entry_point.endswith(".py"):
+        if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
             return None, entry_point, "module"
         raise ConfigError("entry_point", f"{entry_point!r} is not a file in source_dir {source_dir!r}")
     if os.path.isfile(entry_point):
         return entry_point, os.path.basename(entry_point), "script"
-    if _MODULE.match(entry_point) and not entry_point.endswith(".py"):
+    if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
         try:
             found = importlib.util.find_spec(entry_point) is not None
         except (ImportError, ValueError):
@@ -192,7 +191,7 @@ def _default_base_name(entry: str) -> str:
 
 
 def _check_job_name(field: str, name: object, max_len: int = 63) -> None:
-    if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9](-*[A-Za-z0-9])*$", name) or len(name) > max_len:
+    if not isinstance(name, str) or not JOB_NAME.match(name) or len(name) > max_len:
         raise ConfigError(field, f"{name!r} is not a valid name: up to {max_len} letters, digits and hyphens, "
                                  "starting and ending with a letter or digit")
 

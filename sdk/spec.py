@@ -18,10 +18,10 @@ from trainyard.sdk.uris import check_s3_uri, check_storage_uri
 # SageMaker's rules: channel names are [A-Za-z0-9.-_] up to 64 characters; job names are
 # alphanumerics and hyphens up to 63 characters, starting with a letter or digit.
 _CHANNEL = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
-_JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9]){0,62}$")
+JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9])*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # distribution keys understood today; others are refused rather than silently ignored
 DISTRIBUTION_KEYS = ("mics", "torch_distributed", "pytorchddp", "smdistributed", "mpi")
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
@@ -75,7 +75,7 @@ class JobSpec(BaseModel):
     @field_validator("job_name")
     @classmethod
     def _job_name(cls, v: str | None) -> str | None:
-        if v is not None and not _JOB_NAME.match(v):
+        if v is not None and (not JOB_NAME.match(v) or len(v) > 63):
             raise ValueError(f"invalid job name {v!r}: 1-63 letters, digits and hyphens, starting with a letter or digit")
         return v
 
@@ -178,7 +178,7 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _entry(self) -> "JobSpec":
-        if self.entry_kind == "module" and not _MODULE.match(self.entry_point):
+        if self.entry_kind == "module" and not MODULE_NAME.match(self.entry_point):
             raise ValueError(f"entry_point: {self.entry_point!r} is not a module name")
         names = [c.name for c in self.channels]
         dup = sorted({n for n in names if names.count(n) > 1})

@@ -81,7 +81,8 @@ def list_files(uri: str) -> list[tuple[str, str, int]]:
                 if rel and not rel.endswith("/"):
                     out.append((f"s3://{bucket}/{obj['Key']}", rel, obj["Size"]))
         if not out and key and exists(uri):  # the URI names one object
-            out.append((uri, os.path.basename(key), 0))
+            size = s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"]
+            out.append((uri, os.path.basename(key), size))
     else:
         path = _local(uri)
         if os.path.isfile(path):

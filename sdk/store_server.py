@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+from trainyard.sdk.jobstate import write_json
+
 DEFAULT_BUCKET = "trainyard-default"
 HEALTH_PATH = "/_trainyard/health"
 REGION = "us-east-1"
@@ -48,10 +50,7 @@ class DiskMirror:
         return f"{self.root}/buckets/{bucket}.json"
 
     def _write_index(self, bucket: str) -> None:
-        path = self._index_path(bucket)
-        with open(path + ".tmp", "w") as fh:
-            json.dump(self.index[bucket], fh)
-        os.replace(path + ".tmp", path)
+        write_json(self._index_path(bucket), self.index[bucket])
 
     def load(self) -> int:
         """Recreate every persisted bucket and object in moto. Returns the object count."""
@@ -179,9 +178,7 @@ def serve(root: str, idle_timeout: float, port: int = 0) -> None:
     server = make_server("127.0.0.1", port, app, threaded=True, request_handler=QuietHandler)
     url = f"http://127.0.0.1:{server.server_port}"
     info = {"pid": os.getpid(), "url": url, "port": server.server_port, "started": time.time()}
-    with open(f"{root}/server.json.tmp", "w") as fh:
-        json.dump(info, fh)
-    os.replace(f"{root}/server.json.tmp", f"{root}/server.json")
+    write_json(f"{root}/server.json", info)
     print(f"trainyard store: {url}, {count} objects reloaded from {root}", flush=True)
 
     def watchdog():
