@@ -162,9 +162,9 @@ class LocalJob:
             self.stop()
             raise
         d = self.describe()
-        if d["TrainingJobStatus"] == "Failed" or d["SecondaryStatus"] == "MaxRuntimeExceeded":
-            raise JobFailedError(self.name, d["SecondaryStatus"] if d["SecondaryStatus"] == "MaxRuntimeExceeded"
-                                 else "Failed", d.get("FailureReason", ""))
+        outcome = "MaxRuntimeExceeded" if d["SecondaryStatus"] == "MaxRuntimeExceeded" else d["TrainingJobStatus"]
+        if outcome in ("Failed", "MaxRuntimeExceeded"):
+            raise JobFailedError(self.name, outcome, d.get("FailureReason", ""))
         return d
 
     def logs(self) -> str:
