@@ -199,3 +199,30 @@ def output_data_dir(env: dict | None = None) -> str:
 def model_dir(env: dict | None = None) -> str:
     env = os.environ if env is None else env
     return env.get("SM_MODEL_DIR") or "model"
+
+
+_PRECISION_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def reconcile_distribution(cfg: TrainConfig, distribution: dict, world_size: int) -> None:
+    """Apply the typed `distribution` to `cfg`, refusing contradictions (ValueError naming both sides).
+
+    mixed_precision sets dtype (which must be `auto` or the same); gradient_clipping sets max_grad_norm;
+    gradient_accumulation_steps must equal global_batch_size / (micro_batch_size x world_size).
+    """
+    mp = distribution.get("mixed_precision")
+    if mp:
+        want = _PRECISION_DTYPES[mp]
+        if cfg.dtype not in ("auto", want):
+            raise ValueError(f"dtype {cfg.dtype!r} contradicts distribution mixed_precision {mp!r}; drop one")
+        cfg.dtype = want
+    if distribution.get("gradient_clipping") is not None:
+        cfg.max_grad_norm = float(distribution["gradient_clipping"])
+    s = distribution.get("gradient_accumulation_steps")
+    if s is not None and cfg.accumulation(world_size) != s:
+        raise ValueError(
+            f"distribution gradient_accumulation_steps {s} does not match global_batch_size "
+            f"({cfg.global_batch_size}) / (micro_batch_size ({cfg.micro_batch_size}) x world_size ({world_size})) = "
+            f"{cfg.accumulation(world_size)}; set micro_batch_size to {cfg.global_batch_size // (world_size * s)} "
+            "or change global_batch_size"
+        )

@@ -20,8 +20,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from trainyard.engine import checkpoint as ckpt
+from trainyard.engine.ac import apply_ac
 from trainyard.engine.config import (TrainConfig, checkpoint_uri_from_contract, model_dir, output_data_dir,
-                                     parse_hyperparameters)
+                                     parse_hyperparameters, reconcile_distribution)
 from trainyard.engine.data import build_source, micro_batches, rank_rows
 from trainyard.engine.distributed import Dist, destroy_distributed, init_distributed
 from trainyard.engine.meter import CommMeter, model_state_bytes
@@ -109,13 +110,15 @@ def run(cfg: TrainConfig) -> None:
 
 def _train(cfg: TrainConfig, d: Dist) -> None:
     torch.manual_seed(cfg.seed)
+    distribution = json.loads(os.environ.get("TRAINYARD_DISTRIBUTION") or "{}")
+    reconcile_distribution(cfg, distribution, d.world_size)
     accum = cfg.accumulation(d.world_size)
     mcfg = MODEL_CONFIGS[cfg.model]
     dtype = _compute_dtype(cfg, d.device)
     source = build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
                           vocab_size=mcfg.vocab_size, token_dtype=cfg.token_dtype)
 
-    distribution = json.loads(os.environ.get("TRAINYARD_DISTRIBUTION") or "{}")
+    ac = distribution.get("activation_checkpointing") or "none"
     dims = dims_from_distribution(distribution, world_size=d.world_size, processes_per_host=d.processes_per_host)
     dims.build_mesh(d.device.type)
     mics = distribution.get("mics") or {}
@@ -123,6 +126,7 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
         param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32,
         hierarchical=mics.get("hierarchical_allgather"), reshard_after_forward=mics.get("reshard_after_forward", True))
     model = build_model(mcfg)
+    apply_ac(model, ac)
     apply_mics(model, dims, mics_config)
     init_weights(model, cfg.seed, device=d.device)
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -131,7 +135,7 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     _log(d, f"model {cfg.model} ({count_parameters(model) / 1e6:.2f}M parameters), world {d.world_size} on "
             f"{d.device.type}/{d.backend}, dtype {str(dtype).removeprefix('torch.')}, "
             f"{accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; partition groups "
-            f"of {dims.dp_shard} x {dims.dp_replicate} replica(s)"
+            f"of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing {ac}"
             f"{', hierarchical over ' + str(dims.shard_hosts) + ' hosts' if uses_hierarchy(dims, mics_config) else ''}")
 
     uri = cfg.checkpoint_uri or checkpoint_uri_from_contract()

@@ -71,10 +71,10 @@ class Estimator:
         self._spec = build_spec(**fields)
         from trainyard.sdk.distribution import normalize
 
-        normalize(self._spec.distribution, world_size=self._spec.world_size,
-                  processes_per_host=self._spec.processes_per_host)
+        typed = normalize(self._spec.distribution, world_size=self._spec.world_size,
+                          processes_per_host=self._spec.processes_per_host)
         if kind == "module" and entry == BUILTIN_TRAINER:
-            _check_builtin_hyperparameters(self._spec)
+            _check_builtin_hyperparameters(self._spec, typed)
         self.latest_training_job = None
 
     # SageMaker-style read access to what was configured
@@ -174,15 +174,20 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
                                      "with the script in it, or a module name such as 'trainyard.engine.train'")
 
 
-def _check_builtin_hyperparameters(spec: JobSpec) -> None:
+def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
     """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
     from trainyard.container.contract import user_args
-    from trainyard.engine.config import parse_hyperparameters
+    from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
 
     try:
-        parse_hyperparameters(user_args(spec.hyperparameters)).accumulation(spec.world_size)
+        cfg = parse_hyperparameters(user_args(spec.hyperparameters))
+        cfg.accumulation(spec.world_size)
     except ValueError as e:
         raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
+    try:
+        reconcile_distribution(cfg, distribution, spec.world_size)
+    except ValueError as e:
+        raise ConfigError("distribution", str(e)) from None
 
 
 def _default_base_name(entry: str) -> str:

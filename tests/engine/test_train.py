@@ -45,7 +45,11 @@ def assert_losses_close(a, b, rel=1e-5):
 def test_one_and_four_processes_agree(tmp_path):
     args = [*TINY, "--steps", "5", "--seed", "11", "--dtype", "float32"]
     single, out = run_train(tmp_path / "one", args)
-    multi, _ = run_train(tmp_path / "four", args, nproc=4)
+    # the four-process run also checkpoints activations and states its accumulation (8 / (1 x 4) = 2):
+    # neither may change a loss
+    multi, out4 = run_train(tmp_path / "four", args, nproc=4, env={"TRAINYARD_DISTRIBUTION": json.dumps(
+        {"activation_checkpointing": "full", "gradient_accumulation_steps": 2})})
+    assert "activation checkpointing full" in out4
     assert [r["step"] for r in single] == [1, 2, 3, 4, 5]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "inter_node_bytes", "intra_node_bytes", "comm",
             "param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes"} == set(single[0])

@@ -169,3 +169,18 @@ def test_builtin_trainer_hyperparameters_checked_up_front(hps, text):
     msg = _refused("hyperparameters", Estimator, entry_point="trainyard.engine.train", instance_type="local",
                    instance_count=2, processes_per_host=2, hyperparameters=hps)
     assert text in msg
+
+
+@pytest.mark.parametrize("distribution,hps,text", [
+    ({"mixed_precision": "fp16"}, {}, "mixed_precision must be one of"),
+    ({"activation_checkpointing": "some"}, {}, "activation_checkpointing must be one of"),
+    ({"gradient_accumulation_steps": 0}, {}, "gradient_accumulation_steps must be an integer"),
+    ({"gradient_clipping": -1}, {}, "gradient_clipping must be a number"),
+    ({"mixed_precision": "bf16"}, {"dtype": "float32"}, "contradicts distribution mixed_precision"),
+    ({"gradient_accumulation_steps": 4}, {"global_batch_size": 8, "micro_batch_size": 2},
+     "set micro_batch_size to 1"),
+])
+def test_distribution_settings_checked_against_the_builtin_trainer(distribution, hps, text):
+    msg = _refused("distribution", Estimator, entry_point="trainyard.engine.train", instance_type="local",
+                   instance_count=1, processes_per_host=2, hyperparameters=hps, distribution=distribution)
+    assert text in msg
