@@ -59,6 +59,11 @@ class _TwoHop:
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
+    def spans(self, group: dist.ProcessGroup) -> bool:
+        """Whether `group` is the whole partition group. With hpZ-like resharding, FSDP gathers again in
+        backward over a smaller group inside a host: that one runs flat."""
+        return group.size() == self.k * self.m
+
 
 class HierarchicalAllGather(_TwoHop, AllGather):
     """All-gather over a partition group of k hosts x m ranks: inter-host, then intra-host.
@@ -70,6 +75,8 @@ class HierarchicalAllGather(_TwoHop, AllGather):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
+        if not self.spans(group):
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         k, m, n = self.k, self.m, input_tensor.numel()
         across = torch.empty(k * n, dtype=input_tensor.dtype, device=input_tensor.device)
         dist.all_gather_into_tensor(across, input_tensor.reshape(-1), group=self.inter)
@@ -85,6 +92,8 @@ class HierarchicalReduceScatter(_TwoHop, ReduceScatter):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op=dist.ReduceOp.SUM, async_op: bool = False) -> dist.Work | None:
+        if not self.spans(group):
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         k, m, n = self.k, self.m, output_tensor.numel()
         # group order [h][j] -> [j][h]: rank j of the host receives the k chunks it reduces further
         by_local = input_tensor.view(k, m, n).transpose(0, 1).contiguous().view(-1)
@@ -96,12 +105,19 @@ class HierarchicalReduceScatter(_TwoHop, ReduceScatter):
         return None
 
 
+def check_offload(config: MiCSConfig, device_type: str) -> None:
+    if config.cpu_offload and device_type == "cpu":
+        raise ValueError("cpu_offload needs an accelerator: on a CPU-only host the states already live in host "
+                         "memory; set cpu_offload=False")
+
+
 def uses_hierarchy(dims: ParallelDims, config: MiCSConfig) -> bool:
     return dims.shard_hosts > 1 and config.hierarchical is not False
 
 
 def apply_mics(model: nn.Module, dims: ParallelDims, config: MiCSConfig) -> nn.Module:
     """Shard `model` (blocks in `model.layers`, then the root) over the partition groups of `dims`."""
+    check_offload(config, dims.mesh.device_type)
     # one replica: plain 1-D sharding, so FSDP issues no all-reduce over groups of one
     mesh = dims.mesh["dp_shard"] if dims.dp_replicate == 1 else dims.dp_mesh()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype,

@@ -54,7 +54,8 @@ def run(case: dict, pph: int) -> dict[str, torch.Tensor]:
     dims.build_mesh("cpu")
     model = build_model(CFG)
     apply_ac(model, case.get("ac", "none"))
-    apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"]))
+    apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"], cpu_offload=case.get("cpu_offload", False),
+                                       reshard_after_forward=case.get("reshard_after_forward", True)))
     init_weights(model, SEED, device="cpu")
     opt = optimizer(model)
     accum = case["accum"]

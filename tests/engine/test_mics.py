@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainyard.engine.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.mics import MiCSConfig, check_offload, uses_hierarchy
 from trainyard.engine.parallel import ParallelDims
 
 WORKER = os.path.join(os.path.dirname(__file__), "mics_worker.py")
@@ -23,6 +23,14 @@ def test_layout_keeps_groups_in_hosts_or_spans_whole_hosts():
     assert uses_hierarchy(spanning, MiCSConfig()) and not uses_hierarchy(spanning, MiCSConfig(hierarchical=False))
     with_tp = ParallelDims(dp_replicate=1, dp_shard=2, tp=2, world_size=4, processes_per_host=4)
     assert with_tp.shard_groups() == [[0, 2], [1, 3]]
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="reshard_after_forward"):
+        MiCSConfig(reshard_after_forward=0)
+    with pytest.raises(ValueError, match="needs an accelerator"):
+        check_offload(MiCSConfig(cpu_offload=True), "cpu")
+    check_offload(MiCSConfig(cpu_offload=True), "cuda")
 
 
 @pytest.mark.parametrize("kw,text", [
@@ -74,6 +82,8 @@ CASES = [
     dict(name="ddp-4x1-accum3", dp_replicate=4, dp_shard=1, hierarchical=None, accum=3),
     dict(name="mics-1x4-hier-ac-full", dp_replicate=1, dp_shard=4, hierarchical=True, accum=3, ac="full"),
     dict(name="mics-2x2-ac-selective", dp_replicate=2, dp_shard=2, hierarchical=None, accum=1, ac="selective"),
+    dict(name="zero2-1x4-accum3", dp_replicate=1, dp_shard=4, hierarchical=None, accum=3, reshard_after_forward=False),
+    dict(name="hpz-1x4-reshard2", dp_replicate=1, dp_shard=4, hierarchical=None, accum=3, reshard_after_forward=2),
 ]
 
 
