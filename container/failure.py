@@ -51,8 +51,9 @@ class RankFailure:
 
 
 def root_cause(failures: list[RankFailure]) -> RankFailure:
-    """The failure that caused the others: non-echo first, then earliest, then lowest rank."""
-    return min(failures, key=lambda f: (f.is_echo, f.time, f.rank))
+    """The failure that caused the others: non-echo first, then one that ended on its own (not by
+    torchrun's SIGTERM), then the earliest, then the lowest rank."""
+    return min(failures, key=lambda f: (f.is_echo, f.signal == "SIGTERM", f.time, f.rank))
 
 
 def tail(text: str, lines: int = LAST_LINES) -> str:

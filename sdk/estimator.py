@@ -43,6 +43,7 @@ class Estimator:
         base_job_name: str | None = None,
         max_run: int = DEFAULT_MAX_RUN,
         role: str | None = None,
+        emulated_network: dict | None = None,
     ):
         itype = catalog.lookup(instance_type)
         self.instance_type = instance_type
@@ -68,6 +69,15 @@ class Estimator:
         )
         if checkpoint_local_path is not None:
             fields["checkpoint_local_path"] = checkpoint_local_path
+        if emulated_network is not None:
+            from trainyard.sdk.netem import unavailable_reason
+
+            if itype.name != catalog.LOCAL:
+                raise ConfigError("emulated_network", "only for instance_type='local'")
+            why = unavailable_reason()
+            if why:
+                raise ConfigError("emulated_network", why)
+            fields["emulated_network"] = emulated_network
         self._spec = build_spec(**fields)
         from trainyard.sdk.distribution import normalize
 

@@ -50,6 +50,28 @@ class Channel(BaseModel):
         return check_storage_uri("uri", v)
 
 
+class EmulatedNetwork(BaseModel):
+    """Local jobs only: each host in its own network namespace behind a shaped link (see sdk/netem.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bandwidth_mbit: float = 1000.0
+    delay_ms: float = 0.2
+
+    @field_validator("bandwidth_mbit")
+    @classmethod
+    def _bw(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"bandwidth_mbit must be > 0, got {v}")
+        return v
+
+    @field_validator("delay_ms")
+    @classmethod
+    def _delay(cls, v: float) -> float:
+        if not v >= 0:
+            raise ValueError(f"delay_ms must be >= 0, got {v}")
+        return v
+
+
 class JobSpec(BaseModel):
     """A fully validated job. `job_name` is None until `fit()` names the job."""
 
@@ -72,6 +94,7 @@ class JobSpec(BaseModel):
     output_path: str
     max_run: int = DEFAULT_MAX_RUN
     role: str | None = None
+    emulated_network: EmulatedNetwork | None = None
 
     @field_validator("job_name")
     @classmethod

@@ -93,6 +93,9 @@ class Supervisor:
         self.stop_reason: str | None = None  # "Stopped" or "MaxRuntimeExceeded"
         self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
         self.exits: dict[str, int] = {}  # host -> exit status
+        self.plan = None  # the emulated network's names and addresses, when the job has one
+        self.relay = None
+        self.driver_env: dict[str, str] = {}
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_reason = self.stop_reason or "Stopped"
@@ -103,13 +106,46 @@ class Supervisor:
         return self.stop_reason is not None
 
     # -- preparation ------------------------------------------------------------------------------
+    def network_up(self) -> None:
+        """With `emulated_network`: namespaces, shaped links, and a relay to the object store."""
+        from urllib.parse import urlparse
+
+        from trainyard.sdk import netem
+
+        net = self.spec.emulated_network
+        self.plan = netem.Plan.for_job(self.spec.job_name, self.spec.instance_count, netem.taken_nets())
+        for warning in netem.up(self.plan, net.bandwidth_mbit, net.delay_ms):
+            _log(f"warning: {warning}")
+        _log(f"emulated network: hosts at {self.plan.host_addr(0)}..{self.plan.host_addr(self.spec.instance_count - 1)}, "
+             f"links shaped to {net.bandwidth_mbit} Mbit/s")
+        endpoint = urlparse(os.environ.get("AWS_ENDPOINT_URL") or "")
+        if endpoint.hostname in ("127.0.0.1", "localhost"):  # loopback is not reachable from the hosts
+            self.relay = netem.Relay(self.plan.gateway_addr, (endpoint.hostname, endpoint.port))
+            host, port = self.relay.address
+            self.driver_env["AWS_ENDPOINT_URL"] = f"http://{host}:{port}"
+        # gloo picks its address by the host name, which resolves to loopback: name the interface
+        self.driver_env["GLOO_SOCKET_IFNAME"] = "eth0"
+
+    def network_down(self) -> None:
+        from trainyard.sdk import netem
+
+        if self.relay is not None:
+            self.relay.close()
+        if self.plan is not None:
+            netem.down(self.plan)
+            left = netem.leftovers(self.plan.tag)
+            if left:
+                _log(f"warning: could not remove {left}")
+
     def prepare_hosts(self, private: bool) -> None:
         spec = self.spec
         for i, host in enumerate(spec.hosts):
             hostdir = f"{self.jobdir}/hosts/{host}"
             contract = render_contract(
-                spec, i, root=MOUNT_POINT if private else hostdir, master_addr="127.0.0.1",
-                master_port=self.runtime["master_port"], network_interface="lo", num_cpus=os.cpu_count(),
+                spec, i, root=MOUNT_POINT if private else hostdir,
+                master_addr=self.plan.host_addr(0) if self.plan else "127.0.0.1",
+                master_port=self.runtime["master_port"], network_interface="eth0" if self.plan else "lo",
+                num_cpus=os.cpu_count(),
             )
             for d in contract.dirs:
                 os.makedirs(f"{hostdir}/{d}", exist_ok=True)
@@ -133,7 +169,7 @@ class Supervisor:
 
     # -- running ----------------------------------------------------------------------------------
     def start_drivers(self, private: bool) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.driver_env}
         for i, host in enumerate(self.spec.hosts):
             hostdir = f"{self.jobdir}/hosts/{host}"
             driver = [sys.executable, "-m", "trainyard.container.driver",
@@ -144,6 +180,10 @@ class Supervisor:
                        f'mount --bind "$0" {MOUNT_POINT} && exec "$@"', hostdir, *driver, "--root", MOUNT_POINT]
             else:
                 cmd = [*driver, "--root", hostdir]
+            if self.plan is not None:
+                from trainyard.sdk.netem import in_host
+
+                cmd = in_host(self.plan, i, cmd)
             log = open(f"{self.jobdir}/logs/{host}.log", "ab")
             p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  cwd=hostdir)
@@ -241,6 +281,8 @@ class Supervisor:
             st.transition("Downloading", "Preparing the hosts and downloading input data")
             private = self.runtime.get("private_opt_ml", True) and private_opt_ml_works(self.jobdir)
             st.update(PrivateOptMl=private)
+            if spec.emulated_network is not None:
+                self.network_up()
             self.prepare_hosts(private)
             self.stage_channels()
             if self.stop_requested():
@@ -256,6 +298,10 @@ class Supervisor:
             outcome, reason = "Failed", f"{type(e).__name__}: {e}"
         finally:
             self.kill_everything()
+            try:
+                self.network_down()
+            except Exception as e:  # never lose the job's final status over a cleanup error
+                _log(f"warning: removing the emulated network failed: {e}")
         model = storage.output_prefix(spec.output_path, spec.job_name) + "/model.tar.gz"
         if os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json"):
             st.update(ModelArtifacts={"S3ModelArtifacts": model})

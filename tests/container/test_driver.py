@@ -50,6 +50,8 @@ def test_root_cause_prefers_the_cause_over_its_echoes():
     assert root_cause([terminated_peer, cause]) is cause
     oom = _f(rank=5, exitcode=-9, signal="SIGKILL", time=1.0, last_lines="")
     assert root_cause([oom, echo]) is oom
+    # when every failure looks like an echo, one that ended on its own beats one torchrun terminated
+    assert root_cause([terminated_peer, echo]) is echo
 
 
 def test_reason_names_host_rank_code_signal_and_fits_the_limit():

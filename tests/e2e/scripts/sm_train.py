@@ -1,7 +1,7 @@
 """A training script written for SageMaker, with nothing Trainyard-specific in it.
 
 --mode ok: all-reduce once, write the model; --mode raise: rank --fail_rank raises; --mode sleep: wait
-(at most --max_wait seconds) until stopped.
+(at most --max_wait seconds) until stopped; --mode bandwidth: also time an 8 MiB all-reduce.
 """
 import argparse
 import json
@@ -39,6 +39,12 @@ if args.mode == "sleep":
     deadline = time.monotonic() + args.max_wait
     while time.monotonic() < deadline:
         time.sleep(0.2)
+if args.mode == "bandwidth":  # time an all-reduce of 8 MiB: it crosses the hosts' links
+    payload = torch.ones(2 * 1024 * 1024)
+    dist.all_reduce(payload.clone())
+    start = time.perf_counter()
+    dist.all_reduce(payload)
+    print(f"allreduce_s={time.perf_counter() - start:.3f} master={os.environ['SM_MASTER_ADDR']}", flush=True)
 t = torch.ones(1) * rank
 dist.all_reduce(t)
 if rank == 0:
