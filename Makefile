@@ -28,3 +28,4 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/startup.py --json bench/results/startup.json
+	$(PY) bench/mics.py --json bench/results/mics.json

@@ -53,15 +53,15 @@ def _broadcast_int(value: int | None, d: Dist) -> int | None:
 
 
 def train_step(model: Transformer, micro: list[torch.Tensor], optimizer, scheduler, cfg: TrainConfig,
-               d: Dist, memory: dict) -> tuple[float, float, float]:
+               d: Dist, memory: dict, two_hop: bool = True) -> tuple[float, float, float]:
     """One optimizer step; returns (global-batch mean loss, lr used, pre-clip gradient norm) and fills
     `memory` with this rank's model-state bytes."""
     accum = len(micro)
     local_loss = torch.zeros((), device=d.device)
     for i, rows in enumerate(micro):
         # 2-hop: reduce-scatter inside the partition group every micro-batch, all-reduce across the
-        # replicas on the last one only.
-        sync_microbatch(model, i, accum, two_hop=True)
+        # replicas on the last one only (flat HSDP, two_hop False: both every micro-batch).
+        sync_microbatch(model, i, accum, two_hop=two_hop)
         rows = rows.to(d.device, non_blocking=True)
         logits = model(rows[:, :-1])
         # Mean over this micro-batch's tokens / accum: summed over micro-batches and averaged over
@@ -164,7 +164,7 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
             memory: dict = {}
             with meter.active():
                 loss, lr, grad_norm = train_step(model, micro_batches(rows, cfg.micro_batch_size), optimizer,
-                                                 scheduler, cfg, d, memory)
+                                                 scheduler, cfg, d, memory, mics.get("two_hop_sync", True))
             tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
             if metrics is not None:
                 comm = meter.totals()

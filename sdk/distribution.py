@@ -3,7 +3,7 @@
 Typed form (what the engine reads from `TRAINYARD_DISTRIBUTION`):
 
     {"mics": {"partition_group_size": p, "hierarchical_allgather": true|false|null,
-              "reshard_after_forward": true|false|n},
+              "reshard_after_forward": true|false|n, "two_hop_sync": true|false},
      "gradient_accumulation_steps": s|null, "activation_checkpointing": "none"|"full"|"selective",
      "mixed_precision": "bf16"|"fp32"|null, "gradient_clipping": float|null}
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from trainyard.sdk.errors import ConfigError
 
-MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward")
+MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync")
 AC_MODES = ("none", "full", "selective")  # the same as trainyard.engine.ac (which imports torch)
 PRECISIONS = ("bf16", "fp32")
 
@@ -58,6 +58,9 @@ def normalize(distribution: dict[str, Any], *, world_size: int, processes_per_ho
                      processes_per_host=processes_per_host)
     except ValueError as e:
         raise ConfigError("distribution", f"mics: {e}") from None
+    two_hop = mics.get("two_hop_sync", True)
+    if not isinstance(two_hop, bool):
+        raise ConfigError("distribution", f"two_hop_sync must be true or false, got {two_hop!r}")
     s = distribution.get("gradient_accumulation_steps")
     if s is not None and (isinstance(s, bool) or not isinstance(s, int) or s < 1):
         raise ConfigError("distribution", f"gradient_accumulation_steps must be an integer >= 1, got {s!r}")
@@ -70,6 +73,7 @@ def normalize(distribution: dict[str, Any], *, world_size: int, processes_per_ho
     clip = distribution.get("gradient_clipping")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
         raise ConfigError("distribution", f"gradient_clipping must be a number >= 0, got {clip!r}")
-    return {"mics": {"partition_group_size": p, "hierarchical_allgather": h, "reshard_after_forward": r},
+    return {"mics": {"partition_group_size": p, "hierarchical_allgather": h, "reshard_after_forward": r,
+                     "two_hop_sync": two_hop},
             "gradient_accumulation_steps": s, "activation_checkpointing": ac, "mixed_precision": mp,
             "gradient_clipping": clip}

@@ -77,13 +77,15 @@ def test_environment_variables():
 def test_typed_distribution_reaches_the_engine():
     env = render_contract(_spec(), 0).env
     assert json.loads(env["TRAINYARD_DISTRIBUTION"]) == {
-        "mics": {"partition_group_size": 24, "hierarchical_allgather": None, "reshard_after_forward": True},
+        "mics": {"partition_group_size": 24, "hierarchical_allgather": None, "reshard_after_forward": True,
+                 "two_hop_sync": True},
         "gradient_accumulation_steps": None, "activation_checkpointing": "none", "mixed_precision": None,
         "gradient_clipping": None}
     smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
         "sharded_data_parallel_degree": 8, "sdp_hierarchical_allgather": False, "sdp_gradient_clipping": 1.0}}}}
     typed = json.loads(render_contract(_spec(distribution=smp), 0).env["TRAINYARD_DISTRIBUTION"])
-    assert typed["mics"] == {"partition_group_size": 8, "hierarchical_allgather": False, "reshard_after_forward": True}
+    assert typed["mics"] == {"partition_group_size": 8, "hierarchical_allgather": False, "reshard_after_forward": True,
+                             "two_hop_sync": True}
     assert typed["gradient_clipping"] == 1.0
     v2 = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"hybrid_shard_degree": 4}}}}
     assert json.loads(render_contract(_spec(distribution=v2), 0).env["TRAINYARD_DISTRIBUTION"])["mics"][
