@@ -184,3 +184,9 @@ def test_distribution_settings_checked_against_the_builtin_trainer(distribution,
     msg = _refused("distribution", Estimator, entry_point="trainyard.engine.train", instance_type="local",
                    instance_count=1, processes_per_host=2, hyperparameters=hps, distribution=distribution)
     assert text in msg
+
+
+def test_emulated_network_without_root_is_refused(src, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    msg = _refused("emulated_network", _est, src, emulated_network={"bandwidth_mbit": 100})
+    assert "needs root" in msg
