@@ -43,7 +43,7 @@ class Plan:
     tag: str
     hosts: int
     net: int
-    """The third and fourth octet base: addresses are 198.18.<net // 256 ...> (198.18.0.0/15 has 512 /24s)."""
+    """Which of the 512 /24s of 198.18.0.0/15 the job uses (0..511)."""
 
     @classmethod
     def for_job(cls, job_name: str, hosts: int, taken: set[int] = frozenset()) -> "Plan":

@@ -1,5 +1,4 @@
 """Emulated network for local jobs: per-host namespaces, shaped links, nothing left behind (root only)."""
-import os
 import re
 
 import pytest
@@ -74,4 +73,4 @@ def test_plan_is_deterministic_and_avoids_taken_nets():
     assert a == netem.Plan.for_job("job-x", 3) and len(a.host_ns(2)) <= 15 and len(a.gateway) <= 15
     b = netem.Plan.for_job("job-x", 3, taken={a.net})
     assert b.net != a.net and b.prefix().startswith(("198.18.", "198.19."))
-    assert os.path.basename(a.host_ns(0)).startswith(netem.PREFIX)
+    assert a.host_ns(0).startswith(netem.PREFIX) and a.switch_ns.startswith(netem.PREFIX)
