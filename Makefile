@@ -29,3 +29,4 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/startup.py --json bench/results/startup.json
 	$(PY) bench/mics.py --json bench/results/mics.json
+	$(PY) bench/pipeline.py --json bench/results/pipeline.json

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 # torch 2.13 does not re-export the fsspec storage classes from torch.distributed.checkpoint.
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 STEP_PREFIX = "step-"
@@ -127,6 +127,12 @@ def purge(uri: str, keep_last: int, *, protect: int | None = None) -> list[int]:
     return sorted(doomed)
 
 
+# Optimizer state keyed by parameter name, param-group settings included ("param_groups.<name>.lr"):
+# with pipeline parallelism every rank holds different parameters, and a nested "param_groups" list
+# would be one key that DCP saves once, from one rank, for all of them.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 class ModelOptimState(Stateful):
     """Model and optimizer through DCP's state-dict API (FSDP2-aware, reshards on load)."""
 
@@ -134,12 +140,12 @@ class ModelOptimState(Stateful):
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"])
+                       optim_state_dict=state_dict["optim"], options=_OPTIONS)
 
 
 class TrainerState(Stateful):

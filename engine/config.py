@@ -97,13 +97,14 @@ class TrainConfig:
     def schedule_steps(self) -> int:
         return self.decay_steps or self.steps
 
-    def accumulation(self, world_size: int) -> int:
-        """Micro-batches per rank per step; raises ValueError when the batch does not split evenly."""
-        per_step = self.micro_batch_size * world_size
+    def accumulation(self, dp: int) -> int:
+        """Micro-batches per rank per step over `dp` data-parallel ranks; raises ValueError when the batch
+        does not split evenly."""
+        per_step = self.micro_batch_size * dp
         if self.global_batch_size % per_step:
             raise ValueError(
                 f"global_batch_size ({self.global_batch_size}) must be divisible by micro_batch_size "
-                f"({self.micro_batch_size}) * world_size ({world_size}) = {per_step}; set global_batch_size "
+                f"({self.micro_batch_size}) * data-parallel ranks ({dp}) = {per_step}; set global_batch_size "
                 f"to a multiple of {per_step} or lower micro_batch_size"
             )
         return self.global_batch_size // per_step
@@ -204,12 +205,27 @@ def model_dir(env: dict | None = None) -> str:
 _PRECISION_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def reconcile_distribution(cfg: TrainConfig, distribution: dict, world_size: int) -> None:
-    """Apply the typed `distribution` to `cfg`, refusing contradictions (ValueError naming both sides).
+def data_parallel_degree(distribution: dict, world_size: int) -> int:
+    """The ranks that see different data: the world over tensor- and pipeline-parallel degrees."""
+    tp = distribution.get("tensor_parallel_degree") or 1
+    pp = distribution.get("pipeline_parallel_degree") or 1
+    if world_size % (tp * pp):
+        raise ValueError(f"tensor_parallel_degree ({tp}) x pipeline_parallel_degree ({pp}) must divide the world "
+                         f"size {world_size}")
+    return world_size // (tp * pp)
+
+
+def reconcile_distribution(cfg: TrainConfig, distribution: dict, world_size: int) -> int:
+    """Apply the typed `distribution` to `cfg`, refusing contradictions (ValueError naming both sides);
+    returns the micro-batches per rank per step.
 
     mixed_precision sets dtype (which must be `auto` or the same); gradient_clipping sets max_grad_norm;
-    gradient_accumulation_steps must equal global_batch_size / (micro_batch_size x world_size).
+    gradient_accumulation_steps and microbatches (the pipeline's micro-batches) must both equal
+    global_batch_size / (micro_batch_size x data-parallel degree). The model's shape is checked against
+    the tensor- and pipeline-parallel layout.
     """
+    from trainyard.engine.layout import check_pipeline, check_tp
+
     mp = distribution.get("mixed_precision")
     if mp:
         want = _PRECISION_DTYPES[mp]
@@ -218,11 +234,22 @@ def reconcile_distribution(cfg: TrainConfig, distribution: dict, world_size: int
         cfg.dtype = want
     if distribution.get("gradient_clipping") is not None:
         cfg.max_grad_norm = float(distribution["gradient_clipping"])
-    s = distribution.get("gradient_accumulation_steps")
-    if s is not None and cfg.accumulation(world_size) != s:
-        raise ValueError(
-            f"distribution gradient_accumulation_steps {s} does not match global_batch_size "
-            f"({cfg.global_batch_size}) / (micro_batch_size ({cfg.micro_batch_size}) x world_size ({world_size})) = "
-            f"{cfg.accumulation(world_size)}; set micro_batch_size to {cfg.global_batch_size // (world_size * s)} "
-            "or change global_batch_size"
-        )
+    dp = data_parallel_degree(distribution, world_size)
+    accum = cfg.accumulation(dp)
+    for key in ("gradient_accumulation_steps", "microbatches"):
+        s = distribution.get(key)
+        if s is not None and accum != s:
+            raise ValueError(
+                f"distribution {key} {s} does not match global_batch_size ({cfg.global_batch_size}) / "
+                f"(micro_batch_size ({cfg.micro_batch_size}) x data-parallel degree ({dp})) = {accum}; set "
+                f"micro_batch_size to {max(1, cfg.global_batch_size // (dp * s))} or change global_batch_size"
+            )
+    mcfg = MODEL_CONFIGS[cfg.model]
+    check_tp(tp=distribution.get("tensor_parallel_degree") or 1, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads,
+             ffn_hidden=mcfg.ffn_hidden, vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
+    pp = distribution.get("pipeline_parallel_degree") or 1
+    if pp > 1:
+        check_pipeline(pp=pp, schedule=distribution.get("pipeline_schedule") or "1f1b",
+                       virtual_stages=distribution.get("virtual_stages") or 1, microbatches=accum,
+                       n_layers=mcfg.n_layers, split=distribution.get("pipeline_split"))
+    return accum

@@ -1,9 +1,12 @@
 """Communication meter and memory accounting.
 
-`CommMeter` counts, while active, every collective that goes through `torch.distributed` (FSDP2's
-all-gathers, reduce-scatters and all-reduces, and the two hops of the hierarchical ones): calls and
-bytes per kind and per group, split intra-host / inter-host by where the group's ranks live. A group
-whose ranks are all on one host is intra-host; a group that spans hosts is inter-host.
+`CommMeter` counts, while active, the communication of every parallel dimension: the collectives that go
+through `torch.distributed` (FSDP2's all-gathers, reduce-scatters and all-reduces, and the two hops of
+the hierarchical ones), the functional collectives DTensor issues for tensor and sequence parallelism
+(`torch.distributed._functional_collectives`), and the point-to-point sends of the pipeline schedules.
+It records calls and bytes per kind and per group, split intra-host / inter-host by where the group's
+ranks live: a group whose ranks are all on one host is intra-host; a group that spans hosts is
+inter-host. A pipeline send is counted as "p2p" with the bytes sent, between this rank and its peer.
 
 Bytes are what this rank sends under the ring algorithm, for a full (unsharded) tensor of M bytes over
 n ranks: all-gather and reduce-scatter M (n-1)/n, all-reduce 2 M (n-1)/n. docs/engine.md derives the
@@ -21,6 +24,8 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.pipelining import schedules as pp_schedules
 
 # name in torch.distributed -> (kind, the argument holding the full tensor, ring factor)
 _METERED = {
@@ -30,11 +35,38 @@ _METERED = {
     "reduce_scatter_single": ("reduce_scatter", "input", 1),
     "all_reduce": ("all_reduce", "tensor", 2),
 }
+# name in the functional collectives -> (kind, full-tensor size from the input: times the group size
+# for a gather, the input itself for a reduction, ring factor)
+_FUNCOL = {
+    "all_gather_tensor": ("all_gather", True, 1),
+    "all_gather_single": ("all_gather", True, 1),
+    "reduce_scatter_tensor": ("reduce_scatter", False, 1),
+    "reduce_scatter_single": ("reduce_scatter", False, 1),
+    "all_reduce": ("all_reduce", False, 2),
+}
+
+
+def _group_ranks(group) -> tuple[int, ...]:
+    """Global ranks of a group given as torch.distributed and the functional collectives accept it."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if group is None:
+        group = dist.group.WORLD
+    if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
+        group = group[0].get_group(group[1])
+    elif isinstance(group, DeviceMesh):
+        group = group.get_group()
+    elif isinstance(group, (list, tuple)):
+        return tuple(int(r) for r in group)
+    elif isinstance(group, str):
+        group = torch._C._distributed_c10d._resolve_process_group(group)
+    return tuple(dist.get_process_group_ranks(group))
 
 
 class CommMeter:
-    def __init__(self, processes_per_host: int):
+    def __init__(self, processes_per_host: int, dims=None):
         self.processes_per_host = processes_per_host
+        self.dims = dims  # a ParallelDims: totals() then also splits the bytes by mesh dimension
         self._local = threading.local()
         self.reset()
 
@@ -44,35 +76,81 @@ class CommMeter:
 
     def record(self, kind: str, ranks: tuple[int, ...], full_bytes: int, factor: int) -> None:
         n = len(ranks)
+        self.record_sent(kind, ranks, factor * full_bytes * (n - 1) // n if n > 1 else 0)
+
+    def record_sent(self, kind: str, ranks: tuple[int, ...], nbytes: int) -> None:
         rec = self.records[(kind, ranks)]
         rec[0] += 1
-        rec[1] += factor * full_bytes * (n - 1) // n if n > 1 else 0
+        rec[1] += nbytes
 
     def spans_hosts(self, ranks: tuple[int, ...]) -> bool:
         return len({r // self.processes_per_host for r in ranks}) > 1
 
+    def dimension(self, ranks: tuple[int, ...]) -> str:
+        """The mesh dimension(s) a group runs along: the ones its ranks' coordinates differ in (the two
+        halves of a partition group count as `dp_shard`)."""
+        coords = [self.dims.coords(r) for r in ranks]
+        varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
+                   if len({c[d] for c in coords}) > 1]
+        if varying and set(varying) <= {"dp_shard_inter", "dp_shard_intra"}:
+            return "dp_shard"
+        return "+".join(varying) or "self"
+
     def totals(self) -> dict:
-        """{"intra_bytes", "inter_bytes", "by_kind": {kind: {"calls", "intra_bytes", "inter_bytes"}}}."""
+        """{"intra_bytes", "inter_bytes", "by_kind": {kind: {"calls", "intra_bytes", "inter_bytes"}}}, and
+        with dims "by_dim": {mesh dimension: {"intra_bytes", "inter_bytes"}}."""
         out = {"intra_bytes": 0, "inter_bytes": 0, "by_kind": {}}
+        if self.dims is not None:
+            out["by_dim"] = {}
         for (kind, ranks), (calls, nbytes) in self.records.items():
             where = "inter_bytes" if self.spans_hosts(ranks) else "intra_bytes"
             k = out["by_kind"].setdefault(kind, {"calls": 0, "intra_bytes": 0, "inter_bytes": 0})
             k["calls"] += calls
             k[where] += nbytes
             out[where] += nbytes
+            if self.dims is not None:
+                d = out["by_dim"].setdefault(self.dimension(ranks), {"intra_bytes": 0, "inter_bytes": 0})
+                d[where] += nbytes
         return out
 
     @contextmanager
     def active(self):
         """Count collectives issued inside the block (the patch is undone on exit)."""
-        saved = {name: getattr(dist, name) for name in _METERED}
-        for name, spec in _METERED.items():
-            setattr(dist, name, self._wrap(saved[name], *spec))
+        patches = [(dist, name, self._wrap(getattr(dist, name), *spec)) for name, spec in _METERED.items()]
+        patches += [(funcol, name, self._wrap_funcol(getattr(funcol, name), *spec)) for name, spec in _FUNCOL.items()]
+        patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
+        saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+        for module, name, fn in patches:
+            setattr(module, name, fn)
         try:
             yield self
         finally:
-            for name, fn in saved.items():
-                setattr(dist, name, fn)
+            for module, name, fn in saved:
+                setattr(module, name, fn)
+
+    def _wrap_funcol(self, fn, kind: str, gathers: bool, factor: int):
+        """DTensor's collectives: (tensor, [op or dim,] ..., group) with the group as a keyword or last."""
+        signature = inspect.signature(fn)
+
+        def metered(*args, **kwargs):
+            if getattr(self._local, "depth", 0) == 0:
+                bound = signature.bind(*args, **kwargs).arguments
+                tensor, ranks = bound["self"], _group_ranks(bound["group"])
+                nbytes = tensor.numel() * tensor.element_size() * (len(ranks) if gathers else 1)
+                self.record(kind, ranks, nbytes, factor)
+            return fn(*args, **kwargs)
+        return metered
+
+    def _wrap_p2p(self, fn):
+        """The pipeline schedules' batched point-to-point ops: count what this rank sends."""
+        def metered(p2p_ops, *args, **kwargs):
+            me = dist.get_rank()
+            for op in p2p_ops:
+                if getattr(op.op, "__name__", "") == "isend":
+                    peer = op.peer  # P2POp keeps the peer's global rank
+                    self.record_sent("p2p", (min(me, peer), max(me, peer)), op.tensor.numel() * op.tensor.element_size())
+            return fn(p2p_ops, *args, **kwargs)
+        return metered
 
     def _wrap(self, fn, kind: str, keyword: str, factor: int):
         signature = inspect.signature(fn)

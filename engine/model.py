@@ -67,6 +67,8 @@ class ModelConfig:
 MODEL_CONFIGS: dict[str, ModelConfig] = {
     # ~0.5M parameters: for tests and smoke runs.
     "tiny": ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=352, max_seq_len=512),
+    # The seed's 6-layer shape at tiny width: 6 blocks so that 3 pipeline stages hold 2 each.
+    "6l": ModelConfig(vocab_size=512, dim=128, n_layers=6, n_heads=4, n_kv_heads=2, ffn_hidden=352, max_seq_len=512),
     # ~10M parameters (9.96M): 2.1M in the untied embedding and head, 0.79M per block.
     # ffn_hidden 768 = 3 * dim, close to Llama's 8/3 * dim rounded up to a multiple of 256.
     "10m": ModelConfig(vocab_size=4096, dim=256, n_layers=10, n_heads=8, n_kv_heads=4, ffn_hidden=768, max_seq_len=2048),

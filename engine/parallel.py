@@ -110,16 +110,37 @@ class ParallelDims:
             raise RuntimeError("call build_mesh(device_type) first")
         return self._mesh
 
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: the ranks that see different data (dp_replicate x dp_shard)."""
+        return self.dp_replicate * self.dp_shard
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """`rank`'s index along each mesh dimension, with `dp_shard` and `dp` (its data-parallel index)."""
+        grid = self.rank_grid()
+        idx = dict(zip(MESH_DIMS, (int(i) for i in (grid == rank).nonzero()[0])))
+        idx["dp_shard"] = idx["dp_shard_inter"] * self.shard_per_host + idx["dp_shard_intra"]
+        idx["dp"] = idx["dp_replicate"] * self.dp_shard + idx["dp_shard"]
+        return idx
+
     def dp_mesh(self):
         """The 2-D `(dp_replicate, dp_shard)` mesh FSDP2 shards over (dim 0 replicates)."""
         return self.mesh["dp_replicate", "dp_shard"]
 
 
 def dims_from_distribution(distribution: dict, *, world_size: int, processes_per_host: int) -> ParallelDims:
-    """ParallelDims for the typed `distribution` (see `trainyard.sdk.distribution`): partition groups of
-    `mics.partition_group_size` ranks (default: the whole world, ZeRO-3), replicated over the rest."""
-    p = (distribution.get("mics") or {}).get("partition_group_size") or world_size
-    if world_size % p:
-        raise ValueError(f"partition_group_size {p} must divide the world size {world_size}")
-    return ParallelDims(dp_replicate=world_size // p, dp_shard=p, world_size=world_size,
+    """ParallelDims for the typed `distribution` (see `trainyard.sdk.distribution`): `tp` and `pp` from
+    the tensor- and pipeline-parallel degrees; the remaining data-parallel ranks form partition groups of
+    `mics.partition_group_size` (default: all of them, ZeRO-3), replicated over the rest."""
+    tp = distribution.get("tensor_parallel_degree") or 1
+    pp = distribution.get("pipeline_parallel_degree") or 1
+    if world_size % (tp * pp):
+        raise ValueError(f"tensor_parallel_degree ({tp}) x pipeline_parallel_degree ({pp}) = {tp * pp} must divide "
+                         f"the world size {world_size}")
+    dp = world_size // (tp * pp)
+    p = (distribution.get("mics") or {}).get("partition_group_size") or dp
+    if dp % p:
+        raise ValueError(f"partition_group_size {p} must divide the data-parallel degree {dp} (world size "
+                         f"{world_size} / (tensor_parallel_degree {tp} x pipeline_parallel_degree {pp}))")
+    return ParallelDims(dp_replicate=dp // p, dp_shard=p, tp=tp, pp=pp, world_size=world_size,
                         processes_per_host=processes_per_host)

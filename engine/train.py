@@ -1,9 +1,10 @@
 """The built-in trainer: `[torchrun ...] python -m trainyard.engine.train --steps 20 --model tiny ...`.
 
-Order of work: process group and mesh -> model on the meta device -> FSDP2 -> weights initialised
-(layout-independent) -> AdamW + schedule -> resume from the newest committed checkpoint -> loop
-(micro-batches with gradient sync on the last one, clip, step, checkpoint, metrics) -> full weights
-to $SM_MODEL_DIR.
+Order of work: process group and mesh -> this rank's part of the model, parallelised (`parallelize`:
+pipeline stages, tensor/sequence parallelism, activation checkpointing, MiCS, layout-independent
+weights) -> AdamW + schedule -> resume from the newest committed checkpoint -> loop (micro-batches
+through the pipeline schedule or with 2-hop gradient sync, clip over every dimension, step, checkpoint,
+metrics) -> full weights to $SM_MODEL_DIR.
 """
 from __future__ import annotations
 
@@ -15,21 +16,20 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.tensor import DTensor
 
 from trainyard.engine import checkpoint as ckpt
-from trainyard.engine.ac import apply_ac
 from trainyard.engine.config import (TrainConfig, checkpoint_uri_from_contract, model_dir, output_data_dir,
                                      parse_hyperparameters, reconcile_distribution)
-from trainyard.engine.data import build_source, micro_batches, rank_rows
+from trainyard.engine.data import build_source, rank_rows
 from trainyard.engine.distributed import Dist, destroy_distributed, init_distributed
 from trainyard.engine.meter import CommMeter, model_state_bytes
-from trainyard.engine.mics import MiCSConfig, apply_mics, sync_microbatch, uses_hierarchy
-from trainyard.engine.model import MODEL_CONFIGS, Transformer, build_model, count_parameters, init_weights
+from trainyard.engine.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.model import MODEL_CONFIGS, build_model, count_parameters
 from trainyard.engine.optim import build_optimizer, build_scheduler
 from trainyard.engine.parallel import dims_from_distribution
+from trainyard.engine.parallelize import Parallelized, clip_grad_norm, forward_backward, loss_value, parallelize
+from trainyard.engine.pipeline import PipelineConfig
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -52,40 +52,34 @@ def _broadcast_int(value: int | None, d: Dist) -> int | None:
     return None if t.item() < 0 else int(t.item())
 
 
-def train_step(model: Transformer, micro: list[torch.Tensor], optimizer, scheduler, cfg: TrainConfig,
-               d: Dist, memory: dict, two_hop: bool = True) -> tuple[float, float, float]:
-    """One optimizer step; returns (global-batch mean loss, lr used, pre-clip gradient norm) and fills
-    `memory` with this rank's model-state bytes."""
-    accum = len(micro)
-    local_loss = torch.zeros((), device=d.device)
-    for i, rows in enumerate(micro):
-        # 2-hop: reduce-scatter inside the partition group every micro-batch, all-reduce across the
-        # replicas on the last one only (flat HSDP, two_hop False: both every micro-batch).
-        sync_microbatch(model, i, accum, two_hop=two_hop)
-        rows = rows.to(d.device, non_blocking=True)
-        logits = model(rows[:, :-1])
-        # Mean over this micro-batch's tokens / accum: summed over micro-batches and averaged over
-        # ranks by FSDP's reduction, the gradient is that of the global-batch mean loss.
-        loss = F.cross_entropy(logits.float().flatten(0, 1), rows[:, 1:].flatten()) / accum
-        loss.backward()
-        local_loss += loss.detach()
+def train_step(par: Parallelized, rows: torch.Tensor, accum: int, optimizer, scheduler, cfg: TrainConfig,
+               memory: dict) -> tuple[float, float, float]:
+    """One optimizer step on this rank's `rows` in `accum` micro-batches; returns (global-batch mean loss,
+    lr used, pre-clip gradient norm) and fills `memory` with this rank's model-state bytes."""
+    total = forward_backward(par, rows, accum)
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    norm = clip_grad_norm(par, max_norm)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
-    memory.update(model_state_bytes(model, optimizer))  # with the gradients still held: the peak
+    memory.update(model_state_bytes(par.model, optimizer))  # with the gradients still held: the peak
     optimizer.zero_grad(set_to_none=True)
-    # SUM then divide: never rely on a backend's AVG (gloo once summed silently, pytorch#162338).
-    dist.all_reduce(local_loss, op=dist.ReduceOp.SUM)
-    return local_loss.item() / d.world_size, float(lr), float(norm.item())
+    return loss_value(total, par.dims), float(lr), norm
 
 
-def export_model(model: Transformer, cfg: TrainConfig, step: int, d: Dist) -> None:
+def export_model(par: Parallelized, cfg: TrainConfig, step: int, d: Dist) -> None:
     """Full CPU weights to $SM_MODEL_DIR/model.pt and the configuration to config.json (a collective)."""
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if par.dims.pp == 1:
+        state = get_model_state_dict(par.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        # each stage gathers its own weights; the first rank of every stage sends them to rank 0
+        state = get_model_state_dict(par.model, options=StateDictOptions(full_state_dict=True))
+        state = {k: v.cpu() for k, v in state.items()}
+        coords = par.dims.coords(d.rank)
+        leader = all(coords[k] == 0 for k in ("dp", "tp"))
+        parts: list = [None] * d.world_size
+        dist.all_gather_object(parts, state if leader else None)
+        state = {k: v for part in parts if part for k, v in part.items()}
     if not d.is_main:
         return
     out = model_dir()
@@ -99,8 +93,8 @@ def export_model(model: Transformer, cfg: TrainConfig, step: int, d: Dist) -> No
 
 
 def run(cfg: TrainConfig) -> None:
-    world = int(os.environ.get("WORLD_SIZE") or 1)
-    cfg.accumulation(world)  # fail on a batch that does not split before joining the group
+    # fail on a batch or layout that does not fit before joining the group
+    reconcile_distribution(cfg, _distribution(), int(os.environ.get("WORLD_SIZE") or 1))
     d = init_distributed()
     try:
         _train(cfg, d)
@@ -108,11 +102,14 @@ def run(cfg: TrainConfig) -> None:
         destroy_distributed()
 
 
+def _distribution() -> dict:
+    return json.loads(os.environ.get("TRAINYARD_DISTRIBUTION") or "{}")
+
+
 def _train(cfg: TrainConfig, d: Dist) -> None:
     torch.manual_seed(cfg.seed)
-    distribution = json.loads(os.environ.get("TRAINYARD_DISTRIBUTION") or "{}")
-    reconcile_distribution(cfg, distribution, d.world_size)
-    accum = cfg.accumulation(d.world_size)
+    distribution = _distribution()
+    accum = reconcile_distribution(cfg, distribution, d.world_size)
     mcfg = MODEL_CONFIGS[cfg.model]
     dtype = _compute_dtype(cfg, d.device)
     source = build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size, seq_len=cfg.seq_len,
@@ -125,17 +122,23 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     mics_config = MiCSConfig(
         param_dtype=None if dtype == torch.float32 else dtype, reduce_dtype=torch.float32,
         hierarchical=mics.get("hierarchical_allgather"), reshard_after_forward=mics.get("reshard_after_forward", True))
-    model = build_model(mcfg)
-    apply_ac(model, ac)
-    apply_mics(model, dims, mics_config)
-    init_weights(model, cfg.seed, device=d.device)
+    pipeline = None
+    if dims.pp > 1:
+        pipeline = PipelineConfig(schedule=distribution.get("pipeline_schedule") or "1f1b",
+                                  virtual_stages=distribution.get("virtual_stages") or 1, microbatches=accum,
+                                  split=distribution.get("pipeline_split"))
+    par = parallelize(mcfg, dims, seed=cfg.seed, device=d.device, ac=ac, mics=mics_config, pipeline=pipeline,
+                      seq_len=cfg.seq_len, two_hop=mics.get("two_hop_sync", True))
+    model = par.model
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.schedule_steps,
                                 min_lr_ratio=cfg.min_lr_ratio)
-    _log(d, f"model {cfg.model} ({count_parameters(model) / 1e6:.2f}M parameters), world {d.world_size} on "
-            f"{d.device.type}/{d.backend}, dtype {str(dtype).removeprefix('torch.')}, "
-            f"{accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; partition groups "
-            f"of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing {ac}"
+    layout = (f"tp {dims.tp} x pp {dims.pp}" + (f" ({pipeline.schedule}, {pipeline.virtual_stages} stage(s) per rank)"
+                                                 if pipeline else "") + " x ") if dims.tp * dims.pp > 1 else ""
+    _log(d, f"model {cfg.model} ({count_parameters(build_model(mcfg)) / 1e6:.2f}M parameters), world "
+            f"{d.world_size} on {d.device.type}/{d.backend}, dtype {str(dtype).removeprefix('torch.')}, "
+            f"{accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; {layout}partition "
+            f"groups of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing {ac}"
             f"{', hierarchical over ' + str(dims.shard_hosts) + ' hosts' if uses_hierarchy(dims, mics_config) else ''}")
 
     uri = cfg.checkpoint_uri or checkpoint_uri_from_contract()
@@ -155,22 +158,22 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
         os.makedirs(output_data_dir(), exist_ok=True)
         metrics = open(metrics_path, "a")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
-    meter = CommMeter(dims.processes_per_host)
+    meter = CommMeter(dims.processes_per_host, dims)
+    dp_rank = dims.coords(d.rank)["dp"]
     try:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            rows = rank_rows(source.global_batch(step), d.rank, d.world_size)
+            rows = rank_rows(source.global_batch(step), dp_rank, dims.dp).to(d.device, non_blocking=True)
             meter.reset()
             memory: dict = {}
             with meter.active():
-                loss, lr, grad_norm = train_step(model, micro_batches(rows, cfg.micro_batch_size), optimizer,
-                                                 scheduler, cfg, d, memory, mics.get("two_hop_sync", True))
+                loss, lr, grad_norm = train_step(par, rows, accum, optimizer, scheduler, cfg, memory)
             tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
             if metrics is not None:
                 comm = meter.totals()
                 record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                           "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
-                          "comm": comm["by_kind"], **memory}
+                          "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"], **memory}
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
             if step % cfg.log_every == 0 or step == cfg.steps:
@@ -183,13 +186,13 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
         if metrics is not None:
             metrics.close()
     if cfg.save_model:
-        export_model(model, cfg, max(start, cfg.steps), d)
+        export_model(par, cfg, max(start, cfg.steps), d)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_hyperparameters(sys.argv[1:] if argv is None else argv)
-        cfg.accumulation(int(os.environ.get("WORLD_SIZE") or 1))
+        reconcile_distribution(cfg, _distribution(), int(os.environ.get("WORLD_SIZE") or 1))
     except ValueError as e:
         print(f"trainyard.engine.train: error: {e}", file=sys.stderr, flush=True)
         return 2

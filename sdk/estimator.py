@@ -187,11 +187,11 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
 def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
     """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
     from trainyard.container.contract import user_args
-    from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
+    from trainyard.engine.config import data_parallel_degree, parse_hyperparameters, reconcile_distribution
 
     try:
         cfg = parse_hyperparameters(user_args(spec.hyperparameters))
-        cfg.accumulation(spec.world_size)
+        cfg.accumulation(data_parallel_degree(distribution, spec.world_size))  # the batch splits over dp ranks
     except ValueError as e:
         raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
     try:

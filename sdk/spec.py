@@ -23,8 +23,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # distribution keys understood today; others are refused rather than silently ignored
-DISTRIBUTION_KEYS = ("mics", "gradient_accumulation_steps", "activation_checkpointing", "mixed_precision",
-                     "gradient_clipping", "torch_distributed", "pytorchddp", "smdistributed", "mpi")
+DISTRIBUTION_KEYS = ("mics", "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_schedule",
+                     "virtual_stages", "microbatches", "pipeline_split", "gradient_accumulation_steps",
+                     "activation_checkpointing", "mixed_precision", "gradient_clipping", "torch_distributed",
+                     "pytorchddp", "smdistributed", "mpi")
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
 
 

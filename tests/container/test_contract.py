@@ -80,7 +80,8 @@ def test_typed_distribution_reaches_the_engine():
         "mics": {"partition_group_size": 24, "hierarchical_allgather": None, "reshard_after_forward": True,
                  "two_hop_sync": True},
         "gradient_accumulation_steps": None, "activation_checkpointing": "none", "mixed_precision": None,
-        "gradient_clipping": None}
+        "gradient_clipping": None, "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1,
+        "pipeline_schedule": "1f1b", "virtual_stages": 1, "microbatches": None, "pipeline_split": None}
     smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
         "sharded_data_parallel_degree": 8, "sdp_hierarchical_allgather": False, "sdp_gradient_clipping": 1.0}}}}
     typed = json.loads(render_contract(_spec(distribution=smp), 0).env["TRAINYARD_DISTRIBUTION"])

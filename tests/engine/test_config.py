@@ -44,7 +44,7 @@ def test_invalid_hyperparameters_are_named(argv, match):
 def test_batch_split_error_names_numbers_and_fix():
     cfg = TrainConfig(global_batch_size=8, micro_batch_size=2)
     assert cfg.accumulation(1) == 4 and cfg.accumulation(4) == 1
-    with pytest.raises(ValueError, match=r"global_batch_size \(8\).*micro_batch_size \(2\).*world_size \(3\).*multiple of 6"):
+    with pytest.raises(ValueError, match=r"global_batch_size \(8\).*micro_batch_size \(2\).*data-parallel ranks \(3\).*multiple of 6"):
         cfg.accumulation(3)
 
 
@@ -53,7 +53,7 @@ def test_main_reports_errors_without_starting(monkeypatch, capsys):
     assert "--bogus" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert train.main(["--model", "tiny"]) == 2
-    assert "world_size (3)" in capsys.readouterr().err
+    assert "data-parallel ranks (3)" in capsys.readouterr().err
 
 
 def test_schedule_warmup_then_cosine():

@@ -1,14 +1,12 @@
 """MiCS: layout checks, and equivalence with an unsharded single-process oracle on 2 hosts x 2 ranks."""
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
 from trainyard.engine.mics import MiCSConfig, check_offload, uses_hierarchy
 from trainyard.engine.parallel import ParallelDims
+
+from .launch import run_on_two_hosts
 
 WORKER = os.path.join(os.path.dirname(__file__), "mics_worker.py")
 
@@ -46,32 +44,6 @@ def test_impossible_layouts_name_the_numbers(kw, text):
     assert text in str(e.value)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_on_two_hosts(cases: list[dict], tmp_path) -> dict:
-    """Two torchrun agents (node rank 0 and 1, 2 processes each), static rendezvous on loopback."""
-    out, port = tmp_path / "errors.json", _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-         "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-         WORKER, json.dumps(cases), str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for node in (0, 1)]
-    logs = []
-    try:
-        for a in agents:
-            logs.append(a.communicate(timeout=400)[0])
-    finally:
-        for a in agents:
-            a.kill()
-    assert all(a.returncode == 0 for a in agents), "\n".join(x[-4000:] for x in logs)
-    return json.loads(out.read_text())
-
-
 CASES = [
     dict(name="zero3-1x4-hier", dp_replicate=1, dp_shard=4, hierarchical=None, accum=1),
     dict(name="zero3-1x4-flat", dp_replicate=1, dp_shard=4, hierarchical=False, accum=3),
@@ -90,7 +62,7 @@ CASES = [
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_mics_matches_the_single_process_oracle(tmp_path):
-    errors = run_on_two_hosts(CASES, tmp_path)
+    errors = run_on_two_hosts(WORKER, CASES, tmp_path)
     assert errors.pop("all_gather_identical") is True and errors.pop("reduce_scatter_identical") is True
     assert set(errors) == {c["name"] for c in CASES}
     assert all(e <= 1e-5 for e in errors.values()), errors
@@ -122,7 +94,7 @@ def expected_bytes(case: dict, blocks: int, total: int) -> tuple[float, float]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_comm_meter_and_memory_match_the_formulas(tmp_path):
-    results = run_on_two_hosts(METER_CASES, tmp_path)
+    results = run_on_two_hosts(WORKER, METER_CASES, tmp_path)
     for case in METER_CASES:
         got = results[case["name"]]
         intra, inter = expected_bytes(case, got["blocks_bytes"], got["total_bytes"])

@@ -190,3 +190,136 @@ def test_emulated_network_without_root_is_refused(src, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     msg = _refused("emulated_network", _est, src, emulated_network={"bandwidth_mbit": 100})
     assert "needs root" in msg
+
+
+# ---- tensor and pipeline parallelism -------------------------------------------------------------------------
+
+def _smp(**params):
+    return {"smdistributed": {"modelparallel": {"enabled": True, "parameters": params}}}
+
+
+def _builtin(instance_count=1, processes_per_host=2, hps=None, **distribution):
+    return Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=instance_count,
+                     processes_per_host=processes_per_host, hyperparameters={"model": "tiny", **(hps or {})},
+                     distribution=distribution)
+
+
+def test_typed_form_has_the_3d_keys_with_defaults():
+    from trainyard.sdk.distribution import normalize
+
+    typed = normalize({}, world_size=4, processes_per_host=2)
+    assert {k: typed[k] for k in ("tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_schedule",
+                                  "virtual_stages", "microbatches", "pipeline_split")} == {
+        "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1, "pipeline_schedule": "1f1b",
+        "virtual_stages": 1, "microbatches": None, "pipeline_split": None}
+    assert typed["mics"]["partition_group_size"] == 4
+    d = {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "pipeline_schedule": "interleaved_1f1b",
+         "virtual_stages": 2, "microbatches": 4, "pipeline_split": [3, 2, 2, 3], "mics": {"partition_group_size": 2}}
+    typed = normalize(d, world_size=8, processes_per_host=4)
+    assert {k: typed[k] for k in d if k != "mics"} == {k: v for k, v in d.items() if k != "mics"}
+    assert typed["mics"]["partition_group_size"] == 2
+    # the default partition group is the data-parallel degree, not the world
+    assert normalize({"tensor_parallel_degree": 2}, world_size=8, processes_per_host=4)["mics"][
+        "partition_group_size"] == 4
+    assert normalize(typed, world_size=8, processes_per_host=4) == typed  # the typed form is a fixed point
+
+
+def test_sagemaker_model_parallel_forms_map():
+    from trainyard.sdk.distribution import normalize
+
+    v2 = normalize(_smp(hybrid_shard_degree=2, tensor_parallel_degree=2), world_size=8, processes_per_host=4)
+    assert v2["tensor_parallel_degree"] == 2 and v2["mics"]["partition_group_size"] == 2
+    v1 = normalize(_smp(partitions=2, microbatches=4, pipeline="simple", tensor_parallel_degree=2),
+                   world_size=8, processes_per_host=4)
+    assert (v1["pipeline_parallel_degree"], v1["microbatches"], v1["pipeline_schedule"],
+            v1["tensor_parallel_degree"], v1["mics"]["partition_group_size"]) == (2, 4, "gpipe", 2, 2)
+    v1 = normalize(_smp(pipeline_parallel_degree=2, pipeline="interleaved"), world_size=4, processes_per_host=2)
+    assert (v1["pipeline_parallel_degree"], v1["pipeline_schedule"]) == (2, "1f1b")
+    # explicit typed keys win over mapped ones
+    both = normalize({**_smp(partitions=2, pipeline="interleaved", microbatches=4), "pipeline_schedule": "gpipe",
+                      "microbatches": 8}, world_size=4, processes_per_host=2)
+    assert (both["pipeline_parallel_degree"], both["pipeline_schedule"], both["microbatches"]) == (2, "gpipe", 8)
+    # and the SageMaker forms are accepted by the Estimator
+    _builtin(2, 2, **_smp(partitions=2, microbatches=2, pipeline="simple"))
+
+
+@pytest.mark.parametrize("instance_count,pph,distribution,texts", [
+    # tensor parallelism stays inside a host
+    (2, 2, {"tensor_parallel_degree": 4}, ["tp (4) must divide the processes per host (2)", "inside a host"]),
+    (3, 2, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2},
+     ["tensor_parallel_degree 2 x pipeline_parallel_degree 2 = 4 must divide the world size 6"]),
+    (2, 4, {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "mics": {"partition_group_size": 4}},
+     ["partition_group_size 4 must divide the data-parallel degree 2", "choose a divisor of 2"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "pipeline_schedule": "zero_bubble"}, ["pipeline_schedule must be one of"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "virtual_stages": 2},
+     ["virtual_stages 2 needs pipeline_schedule 'interleaved_1f1b'"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "pipeline_schedule": "interleaved_1f1b"},
+     ["interleaved_1f1b needs virtual_stages >= 2"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "microbatches": 1},
+     ["1 micro-batch(es) per step", "below the pipeline_parallel_degree (2)"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "pipeline_schedule": "interleaved_1f1b", "virtual_stages": 2,
+            "microbatches": 3}, ["micro-batches per step (3) to be a multiple of pipeline_parallel_degree (2)"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "pipeline_split": [1, 1, 1]},
+     ["pipeline_split has 3 entries", "pipeline_parallel_degree 2 x virtual_stages 1 = 2"]),
+    (1, 2, {"pipeline_parallel_degree": 2, "pipeline_split": [1, 0]}, ["pipeline_split must be a list"]),
+    (1, 2, {"tensor_parallel_degree": 0}, ["tensor_parallel_degree must be an integer >= 1, got 0"]),
+    (1, 2, {"pipeline_parallel_degree": 1.5}, ["pipeline_parallel_degree must be an integer >= 1, got 1.5"]),
+    (1, 2, {"virtual_stages": True}, ["virtual_stages must be an integer >= 1, got True"]),
+    (1, 2, {"microbatches": "4"}, ["microbatches must be an integer >= 1 or null"]),
+    (1, 2, _smp(partitions=2, pipeline="fast"), ["pipeline must be one of ['simple', 'interleaved']"]),
+    (1, 2, _smp(partitions=2, pipeline_parallel_degree=1), ["partitions (2) is an alias of pipeline_parallel_degree"]),
+    (2, 2, _smp(tensor_parallel_degree=4), ["tp (4) must divide the processes per host (2)"]),
+])
+def test_impossible_3d_layouts_are_refused(src, instance_count, pph, distribution, texts, nothing_started):
+    msg = _refused("distribution", _est, src, instance_count=instance_count, processes_per_host=pph,
+                   distribution=distribution)
+    for text in texts:
+        assert text in msg
+
+
+@pytest.mark.parametrize("instance_count,pph,hps,distribution,texts", [
+    # the model's shape: "tiny" has 2 layers, 4 heads, 2 key/value heads
+    (1, 2, {}, {"pipeline_parallel_degree": 2, "pipeline_schedule": "interleaved_1f1b", "virtual_stages": 2},
+     ["2 layers do not split evenly into 4 pipeline stages"]),
+    (3, 2, {"global_batch_size": 12}, {"pipeline_parallel_degree": 3},
+     ["2 layers do not split evenly into 3 pipeline stages"]),
+    (1, 2, {}, {"pipeline_parallel_degree": 2, "pipeline_split": [1, 2]}, ["sums to 3, the model has 2 layers"]),
+    (1, 4, {}, {"tensor_parallel_degree": 4}, ["tensor_parallel_degree 4 must divide the model's key/value heads",
+                                               "n_kv_heads = 2"]),
+    (1, 2, {"seq_len": 127}, {"tensor_parallel_degree": 2}, ["seq_len = 127"]),
+    # micro-batches: global_batch_size / (micro_batch_size x data-parallel degree 1) = 1 < 2 stages
+    (1, 2, {"global_batch_size": 2, "micro_batch_size": 2}, {"pipeline_parallel_degree": 2},
+     ["1 micro-batch(es) per step", "below the pipeline_parallel_degree (2)"]),
+    (1, 2, {"global_batch_size": 8, "micro_batch_size": 2}, {"pipeline_parallel_degree": 2, "microbatches": 2},
+     ["microbatches 2 does not match", "data-parallel degree (1)) = 4"]),
+])
+def test_3d_layouts_checked_against_the_builtin_trainer(instance_count, pph, hps, distribution, texts,
+                                                       nothing_started):
+    msg = _refused("distribution", _builtin, instance_count, pph, hps, **distribution)
+    for text in texts:
+        assert text in msg
+
+
+def test_builtin_trainer_batch_splits_over_the_data_parallel_degree():
+    # 4 ranks, tensor-parallel pairs: 2 data-parallel ranks, so 4 sequences of 2 split (over 4 ranks they would not)
+    _builtin(2, 2, {"global_batch_size": 4, "micro_batch_size": 2}, tensor_parallel_degree=2)
+    msg = _refused("hyperparameters", _builtin, 2, 2, {"global_batch_size": 6, "micro_batch_size": 2},
+                   tensor_parallel_degree=2)
+    assert "data-parallel ranks (2) = 4" in msg
+
+
+def test_a_3d_layout_is_accepted():
+    from trainyard.sdk.distribution import normalize
+
+    # 2 hosts x 4 processes: tp 2 inside a host, 2 pipeline stages, 2 data-parallel ranks in one partition group;
+    # 8 sequences / (2 per micro-batch x 2 data-parallel ranks) = 2 micro-batches for 2 stages
+    d = {"tensor_parallel_degree": 2, "pipeline_parallel_degree": 2, "mics": {"partition_group_size": 2},
+         "microbatches": 2}
+    est = _builtin(2, 4, {"global_batch_size": 8, "micro_batch_size": 2}, **d)
+    typed = normalize(est.distribution, world_size=8, processes_per_host=4)
+    assert (typed["tensor_parallel_degree"], typed["pipeline_parallel_degree"], typed["mics"]["partition_group_size"],
+            typed["microbatches"]) == (2, 2, 2, 2)
+    from trainyard.engine.parallel import dims_from_distribution
+
+    dims = dims_from_distribution(typed, world_size=8, processes_per_host=4)
+    assert (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp) == (2, 1, 2, 2)
