@@ -30,3 +30,4 @@ bench: $(STAMP)
 	$(PY) bench/startup.py --json bench/results/startup.json
 	$(PY) bench/mics.py --json bench/results/mics.json
 	$(PY) bench/pipeline.py --json bench/results/pipeline.json
+	$(PY) bench/parallel3d.py --json bench/results/parallel3d.json

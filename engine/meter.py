@@ -92,8 +92,11 @@ class CommMeter:
         coords = [self.dims.coords(r) for r in ranks]
         varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
                    if len({c[d] for c in coords}) > 1]
-        if varying and set(varying) <= {"dp_shard_inter", "dp_shard_intra"}:
-            return "dp_shard"
+        named = {"dp_shard" if d.startswith("dp_shard") else d for d in varying}
+        if len(named) == 1:
+            return named.pop()
+        if len(ranks) == self.dims.world_size:
+            return "world"  # e.g. the trainer's loss all-reduce
         return "+".join(varying) or "self"
 
     def totals(self) -> dict:

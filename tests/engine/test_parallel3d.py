@@ -70,6 +70,7 @@ def test_3d_mesh_keeps_tp_inside_a_host_and_pp_outermost():
     meter = CommMeter(4, dims)
     assert meter.dimension((0, 1)) == "tp" and meter.dimension((0, 2)) == "dp_shard"
     assert meter.dimension((1, 5)) == "pp" and not meter.spans_hosts((0, 1)) and meter.spans_hosts((1, 5))
+    assert meter.dimension(tuple(range(12))) == "world" and meter.dimension((0, 3)) == "dp_shard_intra+tp"
     with pytest.raises(ValueError, match=r"partition_group_size 4 must divide the data-parallel degree 2"):
         dims_from_distribution({"tensor_parallel_degree": 2, "pipeline_parallel_degree": 3,
                                 "mics": {"partition_group_size": 4}}, world_size=12, processes_per_host=4)
