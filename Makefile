@@ -31,3 +31,4 @@ bench: $(STAMP)
 	$(PY) bench/mics.py --json bench/results/mics.json
 	$(PY) bench/pipeline.py --json bench/results/pipeline.json
 	$(PY) bench/parallel3d.py --json bench/results/parallel3d.json
+	$(PY) bench/checkpoint.py --json bench/results/checkpoint.json

@@ -10,6 +10,9 @@
    signal and the rank's last lines;
 5. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
 
+With `checkpoint_s3_uri`, a user script's checkpoint folder is restored before it starts and synced while
+it runs and when it ends (`ckpt_sync.CheckpointSync`); the built-in trainer writes there itself.
+
 Exit status: 0 success, 1 failure, 128+N when stopped by signal N.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ import tarfile
 import tempfile
 import time
 
+from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
 from trainyard.container.contract import JOB_FILE, render_contract, user_args
 from trainyard.container.failure import RankFailure, root_cause, tail
 
@@ -132,7 +136,7 @@ def write_failure(root: str, reason: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from trainyard.sdk.jobstate import write_json
-    from trainyard.sdk.spec import JobSpec
+    from trainyard.sdk.spec import BUILTIN_TRAINER, JobSpec
 
     p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
     p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
@@ -158,12 +162,21 @@ def main(argv: list[str] | None = None) -> int:
     failure: RankFailure | None = None
     reason = ""
     code_dir = f"{root}/code"
+    sync: CheckpointSync | None = None
     try:
         if spec.code_uri:
             _say(host, f"fetching code from {spec.code_uri}")
             fetch_code(spec.code_uri, code_dir)
         if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
             raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
+        if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER:
+            sync = CheckpointSync(contract.env["SM_CHECKPOINT_DIR"], spec.checkpoint_s3_uri,
+                                  interval=float(os.environ.get("TRAINYARD_CHECKPOINT_SYNC_S", DEFAULT_INTERVAL_S)),
+                                  say=lambda m: _say(host, m))
+            restored = sync.restore()
+            if restored:
+                _say(host, f"restored {restored} checkpoint file(s) from {spec.checkpoint_s3_uri}")
+            sync.start()
         log_dir = a.log_dir or tempfile.mkdtemp(prefix="trainyard-torchrun-")
         cmd = build_torchrun_command(
             nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
@@ -176,6 +189,15 @@ def main(argv: list[str] | None = None) -> int:
             reason = failure.reason()
     except Exception as e:  # the driver itself failed: the job fails with that reason
         code, reason = 1, f"{host} driver: {type(e).__name__}: {e}"
+    if sync is not None:  # the last sync runs whatever the outcome
+        lost = sync.stop()
+        status["checkpoint_files_uploaded"] = sync.files_uploaded
+        if lost:
+            message = f"{host} driver: {len(lost)} checkpoint file(s) could not be uploaded to {spec.checkpoint_s3_uri}: " \
+                      + "; ".join(f"{k}: {v}" for k, v in sorted(lost.items())[:3])
+            _say(host, message)
+            if code == 0:
+                code, reason = 1, message
     status.update(exit_code=code, finished=time.time())
     if code == 1:
         write_failure(root, reason)

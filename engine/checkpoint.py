@@ -1,13 +1,16 @@
 """Checkpoints with torch.distributed.checkpoint (DCP) to an fsspec URI: `s3://bucket/prefix` or a path.
 
-Layout: one prefix per step, `<uri>/step-00000100/`, holding one `__<rank>_0.distcp` file per rank
-and a `.metadata` object that DCP's coordinator writes last (to `.metadata.tmp`, then renamed).
-`.metadata` is the commit marker: a step without it is an interrupted save and is never loaded.
-Resume lists the `step-*` prefixes; there is no pointer file to trust.
+Layout: one prefix per step, `<uri>/step-00000100/`, holding one `__<rank>_0.distcp` file per rank,
+its checksum manifest `__<rank>_0.checksums.json`, and a `.metadata` object that DCP's coordinator
+writes last (to `.metadata.tmp`, then renamed). `.metadata` is the commit marker: a step without it is
+an interrupted save and is never loaded. Resume lists the `step-*` prefixes (there is no pointer file
+to trust), verifies the newest committed one (`ckpt_io.verify_step`: files present, sizes and CRC-32
+as written) and falls back to the one before, with a warning naming the damaged step.
 
-The saved state is one dict: {"app": model + optimizer (get_state_dict, sharded as DTensors, so a
-load reshards to another process count), "trainer": step and LR-scheduler state as tensors}.
-No pickled Python objects.
+The saved state is one dict of tensors: {"app": model + optimizer (get_state_dict, sharded as
+DTensors, so a load reshards to another process count; optimizer settings such as lr and betas as
+float64 tensors), "trainer": step and LR-scheduler state as tensors}. Nothing is pickled, and a
+checkpoint that holds pickled entries is refused before anything of it is read.
 """
 from __future__ import annotations
 
@@ -19,10 +22,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-# torch 2.13 does not re-export the fsspec storage classes from torch.distributed.checkpoint.
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+from trainyard.engine.ckpt_io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
 
 STEP_PREFIX = "step-"
 # Zero-padded to 8 digits so names sort in step order (100M steps is beyond any run).
@@ -141,11 +144,63 @@ class ModelOptimState(Stateful):
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
-        return {"model": model_sd, "optim": optim_sd}
+        return {"model": model_sd, "optim": to_tensors(optim_sd)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _, template = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"], options=_OPTIONS)
+                       optim_state_dict=from_tensors(state_dict["optim"], template), options=_OPTIONS)
+
+
+_GROUP_PREFIX = "param_groups."
+
+
+def to_tensors(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat optimizer state dict as tensors only. The settings DCP repeats for every parameter
+    (`param_groups.<name>.lr`, `.betas`, ...) are packed into one float64 vector per parameter, in the
+    sorted order of their names (float64 holds the float32/float64 settings, integers and booleans
+    exactly); None settings are left out. Other values are already tensors."""
+    out: dict[str, Any] = {}
+    packs: dict[str, list[tuple[str, Any]]] = {}
+    for key, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value
+        elif key.startswith(_GROUP_PREFIX):
+            name, setting = key.rsplit(".", 1)
+            if value is not None:
+                packs.setdefault(name, []).append((setting, value))
+        else:
+            raise TypeError(f"checkpoint state {key!r} is a {type(value).__name__}; only tensors are saved")
+    for name, settings in packs.items():
+        numbers: list[float] = []
+        for setting, value in sorted(settings):
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            if not all(isinstance(v, (bool, int, float)) for v in items):
+                raise TypeError(f"optimizer setting {name}.{setting} = {value!r} is not numeric")
+            numbers.extend(float(v) for v in items)
+        out[name] = torch.tensor(numbers, dtype=torch.float64)
+    return out
+
+
+def from_tensors(loaded: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """Undo `to_tensors`, giving each setting the Python type it has in `template` (the live state)."""
+    out = {k: loaded.get(k, v) for k, v in template.items() if not k.startswith(_GROUP_PREFIX)}
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for key, value in template.items():
+        if key.startswith(_GROUP_PREFIX):
+            name, setting = key.rsplit(".", 1)
+            groups.setdefault(name, []).append((setting, value))
+    for name, settings in groups.items():
+        values = iter(loaded[name].tolist()) if name in loaded else None
+        for setting, value in sorted(settings, key=lambda kv: kv[0]):
+            key = f"{name}.{setting}"
+            if value is None or values is None:
+                out[key] = value
+            elif isinstance(value, (tuple, list)):
+                out[key] = type(value)(type(t)(next(values)) for t in value)
+            else:
+                out[key] = type(value)(next(values))
+    return out
 
 
 class TrainerState(Stateful):
@@ -183,6 +238,19 @@ class TrainerState(Stateful):
         self.scheduler.load_state_dict(current)
 
 
+def _write_model_config(target: str, model: nn.Module) -> None:
+    """`<step>/model.json`: the model's shape, for `trainyard checkpoint export` (rank 0, before the save,
+    so a committed step has it)."""
+    import json
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict") or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    fs, path = _fs(target)
+    fs.makedirs(path, exist_ok=True)  # local paths; a no-op on object stores
+    fs.pipe_file(f"{path}/model.json", json.dumps(config.to_dict(), indent=1).encode())
+
+
 def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler, *, keep_last: int = DEFAULT_KEEP_LAST) -> str:
     """Save synchronously to `<uri>/step-N` (a collective: every rank calls it); then rank 0 purges
@@ -190,7 +258,8 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     target = step_uri(uri, step)
     state = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
     # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
-    writer = FsspecWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
+    writer = VerifiedWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
+    _write_model_config(target, model)
     dcp.save(state, storage_writer=writer)
     # dcp.save returns on every rank only after the coordinator wrote .metadata: the step is committed.
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -198,12 +267,128 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     return target
 
 
+class AsyncSaver:
+    """Saves with at most one in flight: `save()` stages the state to host memory (the only part the
+    training loop waits for) and DCP uploads it from a background thread, over a process group of its
+    own so that its collectives never interleave with training's. `wait()` finishes the save in flight:
+    on success rank 0 purges old steps; on failure it reports and returns False (the step was never
+    committed: DCP writes `.metadata` last), and the next interval saves again."""
+
+    def __init__(self, uri: str, *, keep_last: int = DEFAULT_KEEP_LAST, say=print) -> None:
+        self.uri, self.keep_last, self.say = uri, keep_last, say
+        self.distributed = dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self.pending: tuple[int, Any] | None = None
+        self.failed: list[int] = []
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler) -> float:
+        """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
+        import time
+
+        start = time.perf_counter()
+        self.wait()
+        state = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
+        writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
+                                **storage_options(self.uri))
+        try:  # only rank 0 writes it: a failure here must not keep it out of the collective save
+            _write_model_config(step_uri(self.uri, step), model)
+        except OSError as e:
+            self.say(f"WARNING: checkpoint step {step}: model.json not written ({e}); the save goes on")
+        future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+                                no_dist=not self.distributed)
+        self.pending = (step, getattr(future, "upload_completion", future))
+        return time.perf_counter() - start
+
+    def wait(self) -> bool:
+        """Finish the save in flight, if any; False when it failed (reported)."""
+        if self.pending is None:
+            return True
+        step, future = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            self.failed.append(step)
+            self.say(f"WARNING: checkpoint step {step} to {self.uri} failed and was not committed; the next "
+                     f"interval saves again: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}")
+            return False
+        if not self.distributed or dist.get_rank() == 0:
+            purge(self.uri, self.keep_last, protect=step)
+        self.say(f"checkpoint step {step} saved to {step_uri(self.uri, step)}")
+        return True
+
+
 def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler) -> int:
     """Load step `step` from `uri` into model, optimizer and scheduler (a collective). Returns the step."""
     target = step_uri(uri, step)
     trainer = TrainerState(scheduler)
-    dcp.load({"app": ModelOptimState(model, optimizer), "trainer": trainer}, storage_reader=FsspecReader(target, **storage_options(uri)))
+    reader = SafeReader(target, verify=True, **storage_options(uri))
+    reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
+    dcp.load({"app": ModelOptimState(model, optimizer), "trainer": trainer}, storage_reader=reader)
     if trainer.step != step:
         raise ValueError(f"checkpoint {target} holds step {trainer.step}, expected {step}")
     return trainer.step
+
+
+def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+           scheduler: torch.optim.lr_scheduler.LRScheduler, warn=print) -> int | None:
+    """Load the newest committed step under `uri` that verifies (a collective); None when there is none.
+
+    Each data file is checked against its manifest as it is read, so damage anywhere fails the load on
+    every rank; the step is then skipped with a warning naming it and the one before is loaded (which
+    overwrites whatever the failed attempt had loaded). If committed steps exist but none loads, this
+    raises rather than let training start from half-loaded weights."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    steps = sorted((s for s, ok in list_steps(uri).items() if ok), reverse=True) if rank == 0 else []
+    if dist.is_initialized():
+        box = [steps]
+        dist.broadcast_object_list(box, src=0)
+        steps = box[0]
+    problems = []
+    for step in steps:
+        try:
+            return load_checkpoint(uri, step, model, optimizer, scheduler)
+        except (CheckpointDamaged, CheckpointException) as e:
+            text = str(e)
+            found = [line for line in text.splitlines() if "CheckpointDamaged" in line or "step-" in line]
+            problem = (found[-1] if found else text.strip().splitlines()[-1]).split("CheckpointDamaged: ")[-1]
+            problems.append(f"step {step}: {problem}")
+            if rank == 0:
+                warn(f"WARNING: checkpoint step {step} at {uri} is damaged and is skipped: {problem}")
+    if problems:
+        raise CheckpointDamaged(f"no committed checkpoint under {uri} could be loaded ({'; '.join(problems)}); "
+                                "move the damaged steps away to start from scratch")
+    return None
+
+
+def newest_verified_step(uri: str, warn=print) -> int | None:
+    """The newest committed step under `uri` whose files verify (a collective when distributed: the ranks
+    share the reading). Damaged steps are skipped with a warning (`warn`, on rank 0) naming them."""
+    distributed = dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    steps = sorted((s for s, ok in list_steps(uri).items() if ok), reverse=True) if rank == 0 else []
+    if distributed:
+        box = [steps]
+        dist.broadcast_object_list(box, src=0)
+        steps = box[0]
+    for step in steps:
+        try:
+            verify_step(step_uri(uri, step), storage_options(uri), rank=rank, world=world)
+            problem = ""
+        except (CheckpointDamaged, OSError, ValueError) as e:
+            problem = str(e) or type(e).__name__
+        if distributed:
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, problem)
+            problem = next((p for p in gathered if p), "")
+        if not problem:
+            return step
+        if rank == 0:
+            warn(f"WARNING: checkpoint step {step} at {uri} is damaged and is skipped: {problem}")
+    return None

@@ -55,8 +55,11 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Save every this many steps (0: no periodic saves). With a checkpoint location, the last step
     is always saved."""
+    checkpoint_async: bool = True
+    """Save checkpoints in the background: the loop waits only while the state is copied to host
+    memory; at most one save is in flight (false: the loop waits for every save to complete)."""
     keep_last: int = 2
-    """Committed checkpoints kept; older ones are deleted after each save."""
+    """Committed checkpoints kept (at least 2); older ones are deleted after each save."""
     dataset: str = "synthetic"
     """`synthetic`, or an input channel name (e.g. `train`: token files in $SM_CHANNEL_TRAIN)."""
     token_dtype: str = "uint16"
@@ -69,9 +72,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS:
             raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)}")
-        for name in ("steps", "global_batch_size", "micro_batch_size", "seq_len", "log_every", "keep_last"):
+        for name in ("steps", "global_batch_size", "micro_batch_size", "seq_len", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.keep_last < 2:  # the newest committed step may turn out damaged: keep one to fall back to
+            raise ValueError(f"keep_last must be >= 2, got {self.keep_last}")
         for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -45,13 +45,6 @@ def _compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
-def _broadcast_int(value: int | None, d: Dist) -> int | None:
-    """Rank 0's value on every rank (-1 encodes None), so all ranks agree on what to resume."""
-    t = torch.tensor([-1 if value is None else value], dtype=torch.int64, device=d.device)
-    dist.broadcast(t, src=0)
-    return None if t.item() < 0 else int(t.item())
-
-
 def train_step(par: Parallelized, rows: torch.Tensor, accum: int, optimizer, scheduler, cfg: TrainConfig,
                memory: dict) -> tuple[float, float, float]:
     """One optimizer step on this rank's `rows` in `accum` micro-batches; returns (global-batch mean loss,
@@ -145,9 +138,9 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     start = 0
     if uri:
         ckpt.validate_uri(uri)  # on every rank: a bad location fails everywhere, nobody waits
-        latest = _broadcast_int(ckpt.latest_committed_step(uri) if d.is_main else None, d)
-        if latest is not None:
-            start = ckpt.load_checkpoint(uri, latest, model, optimizer, scheduler)
+        resumed = ckpt.resume(uri, model, optimizer, scheduler, warn=lambda m: _log(d, m))
+        if resumed is not None:
+            start = resumed
             _log(d, f"resumed from step {start} at {uri}")
             if start >= cfg.steps:
                 _log(d, f"checkpoint step {start} >= steps {cfg.steps}: nothing to train")
@@ -160,6 +153,7 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     meter = CommMeter(dims.processes_per_host, dims)
     dp_rank = dims.coords(d.rank)["dp"]
+    saver = ckpt.AsyncSaver(uri, keep_last=cfg.keep_last, say=lambda m: _log(d, m)) if uri else None
     try:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -180,9 +174,15 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
                 _log(d, f"step {step}/{cfg.steps} loss {loss:.4f} lr {lr:.1e} grad_norm {grad_norm:.3f} "
                         f"tok/s {tokens_per_s:.0f}")
             if uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
-                target = ckpt.save_checkpoint(uri, step, model, optimizer, scheduler, keep_last=cfg.keep_last)
-                _log(d, f"checkpoint step {step} saved to {target}")
+                if cfg.checkpoint_async:  # the loop waits for staging to host memory only
+                    blocked = saver.save(step, model, optimizer, scheduler)
+                    _log(d, f"checkpoint step {step}: staged in {blocked:.3f} s, uploading in the background")
+                else:
+                    target = ckpt.save_checkpoint(uri, step, model, optimizer, scheduler, keep_last=cfg.keep_last)
+                    _log(d, f"checkpoint step {step} saved to {target}")
     finally:
+        if saver is not None:
+            saver.wait()  # whatever happened, the save in flight completes (or reports) before exit
         if metrics is not None:
             metrics.close()
     if cfg.save_model:

@@ -5,6 +5,9 @@
     trainyard logs JOB [--follow]   the job's logs
     trainyard stop JOB              stop a job (every process of it ends)
     trainyard store [--stop]        the embedded object store's address (or stop it)
+    trainyard checkpoint export URI OUT
+                                    consolidate a sharded checkpoint (a location or one step's prefix)
+                                    into OUT/model.safetensors + OUT/config.json
 """
 from __future__ import annotations
 
@@ -25,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     st = sub.add_parser("store", help="the embedded object store")
     st.add_argument("--stop", action="store_true", help="stop it (its objects stay on disk)")
+    ck = sub.add_parser("checkpoint", help="checkpoints written by the built-in trainer")
+    ck_sub = ck.add_subparsers(dest="ck_cmd", required=True)
+    ex = ck_sub.add_parser("export", help="one safetensors file from a sharded checkpoint")
+    ex.add_argument("uri", help="s3://bucket/prefix or a path: a checkpoint location or a step-NNNNNNNN prefix")
+    ex.add_argument("out", help="folder for model.safetensors and config.json")
     a = p.parse_args(argv)
 
     from trainyard.sdk.errors import ConfigError, JobFailedError
@@ -64,7 +72,20 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 ep = ensure_store()
                 print(f"{ep.url}\t{'embedded, objects under ' + store_root() if ep.embedded else 'AWS_ENDPOINT_URL'}")
+        elif a.cmd == "checkpoint":
+            from trainyard.engine.export import export_checkpoint
+
+            if a.uri.startswith("s3://") and not os.environ.get("AWS_ENDPOINT_URL"):
+                from trainyard.sdk.store import ensure_store  # as local jobs do: s3:// is the embedded store
+
+                os.environ.update(ensure_store().env())
+            config = export_checkpoint(a.uri, a.out)
+            print(f"step {config['step']} ({config['parameters'] / 1e6:.2f}M parameters) from {config['source']} "
+                  f"written to {a.out}/model.safetensors")
     except ConfigError as e:
+        print(f"trainyard: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"trainyard: {e}", file=sys.stderr)
         return 2
     return 0

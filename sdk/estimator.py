@@ -19,10 +19,9 @@ from typing import Any
 
 from trainyard.sdk import catalog
 from trainyard.sdk.errors import ConfigError
-from trainyard.sdk.spec import DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME, JobSpec, build_spec
+from trainyard.sdk.spec import BUILTIN_TRAINER, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME, JobSpec, build_spec
 from trainyard.sdk.uris import check_storage_uri, split_s3
 
-BUILTIN_TRAINER = "trainyard.engine.train"
 
 
 class Estimator:

@@ -22,6 +22,8 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9])*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# the entry point of the built-in trainer (python -m trainyard.engine.train)
+BUILTIN_TRAINER = "trainyard.engine.train"
 # distribution keys understood today; others are refused rather than silently ignored
 DISTRIBUTION_KEYS = ("mics", "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_schedule",
                      "virtual_stages", "microbatches", "pipeline_split", "gradient_accumulation_steps",

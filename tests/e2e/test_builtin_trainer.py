@@ -1,8 +1,13 @@
 """The built-in trainer through `Estimator`, on the embedded store (slow: real multi-process jobs)."""
+import io
+
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from trainyard import Estimator
 from trainyard.engine.checkpoint import latest_committed_step, list_steps
+from trainyard.sdk.cli import main as cli_main
 
 from .helpers import assert_no_processes_left, read_tar, store_client
 
@@ -19,7 +24,7 @@ def _est(steps, **kw):
     return Estimator(**args)
 
 
-def test_train_checkpoint_resume_on_two_hosts(monkeypatch):
+def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
     ckpt = "s3://e2e-ckpt/run-1"
     est = _est(10, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": 10, "checkpoint_every": 4})
     est.fit(logs=False)
@@ -35,6 +40,11 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
     assert latest_committed_step(ckpt) == 10 and list_steps(ckpt) == {8: True, 10: True}
+    # the sharded checkpoint (4 ranks, ZeRO-3) consolidates into the same weights as the trainer's export
+    assert cli_main(["checkpoint", "export", ckpt, str(tmp_path / "export")]) == 0
+    exported = load_file(str(tmp_path / "export" / "model.safetensors"))
+    full = torch.load(io.BytesIO(model["model.pt"]), weights_only=True)
+    assert exported.keys() == full.keys() and all(torch.equal(exported[k], full[k]) for k in full)
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     assert_no_processes_left(job)
 

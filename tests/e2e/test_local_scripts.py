@@ -94,8 +94,11 @@ def test_ctrl_c_in_fit_stops_the_job(dataset):
     code = (f"from trainyard import Estimator\n"
             f"Estimator(entry_point='sm_train.py', source_dir={SCRIPTS!r}, instance_count=2, processes_per_host=2,"
             f" hyperparameters={{'mode': 'sleep'}}).fit({{'train': {dataset!r}}}, job_name={name!r})\n")
+    # SIGINT back to its default in the child, as in a terminal: a shell that starts this suite in the
+    # background (no job control) leaves it ignored, and Python would then never raise KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -114,3 +117,18 @@ def test_ctrl_c_in_fit_stops_the_job(dataset):
     assert proc.returncode != 0 and "KeyboardInterrupt" in out and "stopping" in out
     assert job.describe()["TrainingJobStatus"] == "Stopped"
     assert_no_processes_left(job)
+
+
+def test_checkpoint_folder_is_synced_and_restored(dataset):
+    s3 = store_client()
+    s3.create_bucket(Bucket="e2e-ckpt-user")
+    s3.put_object(Bucket="e2e-ckpt-user", Key="run-old/host-algo-1.txt", Body=b"stale: a sibling prefix")
+    # the first run's URI ends with a slash, the second's does not: the same folder, never run-old/
+    first = _est(hyperparameters={"epochs": 1}, checkpoint_s3_uri="s3://e2e-ckpt-user/run/")
+    first.fit({"train": dataset})
+    second = _est(hyperparameters={"epochs": 2}, checkpoint_s3_uri="s3://e2e-ckpt-user/run")
+    second.fit({"train": dataset})
+    files = {o["Key"]: s3.get_object(Bucket="e2e-ckpt-user", Key=o["Key"])["Body"].read().decode()
+             for o in s3.list_objects_v2(Bucket="e2e-ckpt-user", Prefix="run/")["Contents"]}
+    assert files == {f"run/host-algo-{h}.txt": "epochs=2 previous=[epochs=1 previous=[none]]" for h in (1, 2)}
+    assert "restored 2 checkpoint file(s)" in second.latest_training_job.logs()

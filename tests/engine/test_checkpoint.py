@@ -107,3 +107,136 @@ def test_save_and_load_round_trip(uri):
     _train(model, opt, sched, 1, seed=5)
     _train(fresh, fresh_opt, fresh_sched, 1, seed=5)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+
+
+def _damage(uri: str, step: int, how: str) -> None:
+    import fsspec
+
+    path = f"{ckpt.step_uri(uri, step)}/__0_0.distcp"
+    fs, p = fsspec.core.url_to_fs(path, **ckpt.storage_options(uri))
+    if how == "missing":
+        fs.rm(p)
+        return
+    data = bytearray(fs.cat(p))
+    if how == "truncated":
+        data = data[: len(data) // 2]
+    else:  # one flipped bit, size unchanged
+        data[len(data) // 2] ^= 0x01
+    fs.pipe(p, bytes(data))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("how", ["missing", "truncated", "flipped"])
+def test_damaged_newest_step_is_skipped_with_a_warning(uri, how):
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 2)
+    ckpt.save_checkpoint(uri, 2, model, opt, sched, keep_last=2)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    _train(model, opt, sched, 1)
+    ckpt.save_checkpoint(uri, 3, model, opt, sched, keep_last=2)
+    assert ckpt.newest_verified_step(uri) == 3
+    _damage(uri, 3, how)
+    warnings: list[str] = []
+    assert ckpt.newest_verified_step(uri, warn=warnings.append) == 2
+    assert len(warnings) == 1 and "step 3" in warnings[0] and "damaged" in warnings[0], warnings
+    # resuming checks each file as it reads it: the damaged step is skipped, the one before loads
+    warnings.clear()
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    assert ckpt.resume(uri, fresh, fresh_opt, fresh_sched, warn=warnings.append) == 2
+    assert len(warnings) == 1 and "step 3" in warnings[0] and "damaged" in warnings[0], warnings
+    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
+    _damage(uri, 2, how)  # nothing loadable left: an error, not a silent start from scratch
+    with pytest.raises(ckpt.CheckpointDamaged, match="no committed checkpoint .* could be loaded"):
+        ckpt.resume(uri, fresh, fresh_opt, fresh_sched, warn=warnings.append)
+
+
+class _Payload:
+    """Unpickling this creates a marker file: proof that a pickle ran."""
+
+    marker = ""
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_pickled_state_is_never_unpickled(tmp_path):
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    from trainyard.engine.ckpt_io import CheckpointDamaged, SafeReader, read_metadata
+
+    marker = tmp_path / "pwned"
+    _Payload.marker = str(marker)
+    uri = str(tmp_path / "ckpt")
+    # a step whose non-tensor state holds a malicious object (what DCP's default planner would torch.load
+    # with weights_only=False), committed with .metadata and checksums
+    target = ckpt.step_uri(uri, 1)
+    dcp.save({"w": torch.ones(2), "evil": _Payload()}, storage_writer=FsspecWriter(target))
+    assert not marker.exists()
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException):  # DCP wraps the reader's CheckpointDamaged in its own
+        dcp.load({"w": torch.zeros(2), "evil": None}, storage_reader=SafeReader(target))
+    model, opt, sched = _setup(seed=0)
+    with pytest.raises(CheckpointDamaged, match=r"non-tensor \(pickled\) entries \['evil'\]"):
+        ckpt.load_checkpoint(uri, 1, model, opt, sched)
+    assert not marker.exists()
+    # a crafted .metadata that names a callable is refused by the restricted unpickler
+    with open(f"{target}/.metadata", "wb") as f:
+        pickle.dump(_Payload(), f)
+    with pytest.raises(CheckpointDamaged, match="not part of a DCP checkpoint"):
+        read_metadata(SafeReader(target).fs, target)
+    assert ckpt.newest_verified_step(uri, warn=lambda m: None) is None
+    assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_async_save_stages_then_uploads_and_reports_failures(uri, tmp_path):
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 2)
+    staged = {k: v.clone() for k, v in model.state_dict().items()}
+    said: list[str] = []
+    saver = ckpt.AsyncSaver(uri, keep_last=2, say=said.append)
+    blocked = saver.save(2, model, opt, sched)
+    assert blocked >= 0
+    _train(model, opt, sched, 1)  # the loop goes on while the upload runs: the staged copy is saved
+    assert saver.wait() and ckpt.newest_verified_step(uri) == 2 and said[-1].startswith("checkpoint step 2 saved")
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    ckpt.load_checkpoint(uri, 2, fresh, fresh_opt, fresh_sched)
+    assert all(torch.equal(staged[k], v) for k, v in fresh.state_dict().items())
+    # a save that fails is reported and leaves nothing committed; the next one works
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the checkpoint folder should be")
+    broken = ckpt.AsyncSaver(str(blocker / "ckpt"), say=said.append)
+    broken.save(3, model, opt, sched)
+    assert broken.wait() is False and broken.failed == [3] and "step 3" in said[-1] and "failed" in said[-1]
+    assert saver.save(3, model, opt, sched) >= 0 and saver.wait()
+    assert ckpt.list_steps(uri) == {2: True, 3: True}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_export_consolidates_into_safetensors(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from trainyard.engine.model import ModelConfig as Config
+    from trainyard.sdk.cli import main
+
+    uri = str(tmp_path / "ckpt")
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 1)
+    ckpt.save_checkpoint(uri, 1, model, opt, sched)
+    _train(model, opt, sched, 1)
+    ckpt.save_checkpoint(uri, 2, model, opt, sched)
+    assert main(["checkpoint", "export", uri, str(tmp_path / "out")]) == 0  # the newest step
+    assert "step 2" in capsys.readouterr().out
+    config = __import__("json").loads((tmp_path / "out" / "config.json").read_text())
+    fresh = Transformer(Config(**config["model_config"]))
+    fresh.load_state_dict(load_file(str(tmp_path / "out" / "model.safetensors")))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert main(["checkpoint", "export", ckpt.step_uri(uri, 1), str(tmp_path / "one")]) == 0
+    assert __import__("json").loads((tmp_path / "one" / "config.json").read_text())["step"] == 1
+    assert main(["checkpoint", "export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
+    assert "no committed checkpoint" in capsys.readouterr().err

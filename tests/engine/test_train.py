@@ -52,7 +52,7 @@ def test_one_and_four_processes_agree(tmp_path):
     assert "activation checkpointing full" in out4
     assert [r["step"] for r in single] == [1, 2, 3, 4, 5]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "inter_node_bytes", "intra_node_bytes", "comm",
-            "param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes"} == set(single[0])
+            "comm_by_dim", "param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes"} == set(single[0])
     # one process talks to nobody; four on one host (ZeRO-3 over 4) only inside the host
     assert single[0]["inter_node_bytes"] == single[0]["intra_node_bytes"] == 0
     assert multi[0]["inter_node_bytes"] == 0 and multi[0]["intra_node_bytes"] > 0

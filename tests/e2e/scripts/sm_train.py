@@ -1,7 +1,9 @@
 """A training script written for SageMaker, with nothing Trainyard-specific in it.
 
 --mode ok: all-reduce once, write the model; --mode raise: rank --fail_rank raises; --mode sleep: wait
-(at most --max_wait seconds) until stopped; --mode bandwidth: also time an 8 MiB all-reduce.
+(at most --max_wait seconds) until stopped; --mode bandwidth: also time an 8 MiB all-reduce. With a
+checkpoint location, local rank 0 of each host writes host-<host>.txt into $SM_CHECKPOINT_DIR, saying
+what the previous run left there.
 """
 import argparse
 import json
@@ -31,6 +33,13 @@ rank, world = dist.get_rank(), dist.get_world_size()
 files = sorted(os.listdir(args.train))
 print(f"rank={rank} world={world} host={resource['current_host']} epochs={args.epochs} "
       f"use_extra={args.use_extra} files={','.join(files)}", flush=True)
+
+ckpt_dir = os.environ.get("SM_CHECKPOINT_DIR")
+if ckpt_dir and os.environ["LOCAL_RANK"] == "0":
+    path = os.path.join(ckpt_dir, f"host-{resource['current_host']}.txt")
+    previous = open(path).read() if os.path.exists(path) else "none"
+    with open(path, "w") as fh:
+        fh.write(f"epochs={args.epochs} previous=[{previous}]")
 
 if args.mode == "raise" and rank == args.fail_rank:
     time.sleep(0.5)

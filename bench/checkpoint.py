@@ -1,0 +1,114 @@
+"""Checkpoint throughput to the object store against raw s3fs, and what async saving saves the loop.
+
+    python bench/checkpoint.py [--model 10m] [--repeats 3] [--json PATH]
+
+One process, the built-in model with AdamW state after one step (fp32: parameters, two moments and the
+step counters), saved to and loaded from the embedded store (the moto S3 server over HTTP on 127.0.0.1,
+objects written through to disk) through `engine/checkpoint.py` (DCP + s3fs, checksums, tensors only).
+The raw baseline puts and gets the same files, same sizes, with s3fs directly. Per entry: `bytes`,
+`seconds` (median of the repeats), `ratio_to_raw` (throughput / raw throughput; goal >= 0.8) and
+`blocking_seconds` (the time the training loop waits: all of a synchronous save, only the staging of an
+async one; goal: async <= 10% of sync).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="10m")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+
+    from trainyard.sdk.store import ensure_store
+
+    os.environ.update(ensure_store().env())
+    import boto3
+    import fsspec
+    import torch
+
+    from trainyard.engine import checkpoint as ckpt
+    from trainyard.engine.model import MODEL_CONFIGS, build_model, init_weights
+    from trainyard.engine.optim import build_optimizer, build_scheduler
+
+    bucket = f"bench-ckpt-{int(time.time())}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    model = build_model(MODEL_CONFIGS[a.model])
+    init_weights(model, 0, device="cpu")
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+    sched = build_scheduler(opt, warmup_steps=1, total_steps=10, min_lr_ratio=0.1)
+    model(torch.zeros(1, 8, dtype=torch.long)).float().pow(2).mean().backward()
+    opt.step()
+    sched.step()
+
+    fs = fsspec.filesystem("s3", **ckpt.storage_options("s3://x"))
+    runs: dict[str, list[float]] = {k: [] for k in ("save", "load", "raw_put", "raw_get", "async_blocking",
+                                                     "async_total")}
+    nbytes = 0
+    for r in range(a.repeats):
+        uri = f"s3://{bucket}/run-{r}"
+        t = time.perf_counter()
+        ckpt.save_checkpoint(uri, 1, model, opt, sched, keep_last=2)
+        runs["save"].append(time.perf_counter() - t)
+        files = {e["name"]: e["size"] for e in fs.ls(ckpt.step_uri(uri, 1), detail=True)}
+        nbytes = sum(files.values())
+        t = time.perf_counter()
+        ckpt.load_checkpoint(uri, 1, model, opt, sched)
+        runs["load"].append(time.perf_counter() - t)
+        # raw: the same files (same names and sizes, random content) with s3fs alone
+        blobs = {f"{bucket}/raw-{r}/{os.path.basename(n)}": os.urandom(size) for n, size in files.items()}
+        t = time.perf_counter()
+        for key, blob in blobs.items():
+            fs.pipe(key, blob)
+        runs["raw_put"].append(time.perf_counter() - t)
+        fs.invalidate_cache()
+        t = time.perf_counter()
+        for key in blobs:
+            fs.cat(key)
+        runs["raw_get"].append(time.perf_counter() - t)
+        saver = ckpt.AsyncSaver(f"s3://{bucket}/async-{r}", keep_last=2, say=lambda m: None)
+        t = time.perf_counter()
+        runs["async_blocking"].append(saver.save(1, model, opt, sched))
+        assert saver.wait(), "async save failed"
+        runs["async_total"].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    entries = [
+        {"name": "raw s3fs put", "bytes": nbytes, "seconds": med["raw_put"], "ratio_to_raw": 1.0,
+         "blocking_seconds": med["raw_put"]},
+        {"name": "checkpoint save (sync)", "bytes": nbytes, "seconds": med["save"],
+         "ratio_to_raw": med["raw_put"] / med["save"], "blocking_seconds": med["save"]},
+        {"name": "checkpoint save (async)", "bytes": nbytes, "seconds": med["async_total"],
+         "ratio_to_raw": med["raw_put"] / med["async_total"], "blocking_seconds": med["async_blocking"]},
+        {"name": "raw s3fs get", "bytes": nbytes, "seconds": med["raw_get"], "ratio_to_raw": 1.0,
+         "blocking_seconds": med["raw_get"]},
+        {"name": "checkpoint load (verified)", "bytes": nbytes, "seconds": med["load"],
+         "ratio_to_raw": med["raw_get"] / med["load"], "blocking_seconds": med["load"]},
+    ]
+    print(f"\nmodel {a.model}, {nbytes / 1e6:.1f} MB of checkpoint, embedded store, median of {a.repeats}")
+    print(f"{'entry':<28}{'MB':>8}{'s':>8}{'MB/s':>8}{'vs raw':>8}{'blocking s':>12}")
+    for e in entries:
+        print(f"{e['name']:<28}{e['bytes'] / 1e6:>8.1f}{e['seconds']:>8.2f}{e['bytes'] / 1e6 / e['seconds']:>8.1f}"
+              f"{e['ratio_to_raw']:>8.2f}{e['blocking_seconds']:>12.3f}")
+    share = med["async_blocking"] / med["save"]
+    print(f"goal save and load >= 0.8 x raw: {entries[1]['ratio_to_raw']:.2f}, {entries[4]['ratio_to_raw']:.2f}; "
+          f"async blocking <= 10% of sync: {share:.1%}")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump({"name": "checkpoint", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "model": a.model,
+                       "runs": runs, "entries": entries}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

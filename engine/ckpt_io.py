@@ -1,0 +1,232 @@
+"""Storage of one checkpoint step, verified: what DCP writes, checksummed as it is written; what it reads,
+checked before anything is loaded and never unpickled beyond DCP's own metadata classes.
+
+Write (`VerifiedWriter`, a DCP `FsspecWriter`): every data file is streamed through a CRC-32 as it is
+written, and each rank then writes `__<rank>_0.checksums.json` ({file: {"size", "crc32"}}) next to its
+files. DCP's coordinator writes `.metadata` (the commit marker) only after every rank's `write_data`
+returned, so a committed step always has its manifests.
+
+Read (`SafeReader`, a DCP `FsspecReader`): `.metadata` is a pickle written by DCP; it is read with an
+unpickler that only builds the classes DCP's metadata is made of (a crafted `.metadata` that names
+anything else is refused, not run). A step whose metadata holds non-tensor (pickled) entries is refused:
+DCP would `torch.load(weights_only=False)` them. Trainyard saves only tensors.
+
+`verify_step` checks, before a load, that every file `.metadata` references exists with the recorded
+size and CRC-32; ranks share the reading (each checks every world-th file).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import zlib
+from contextlib import contextmanager
+
+from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+
+MANIFEST_SUFFIX = ".checksums.json"
+METADATA_FILE = ".metadata"
+
+
+class CheckpointDamaged(ValueError):
+    """A committed step that cannot be trusted: a file missing, short, or with other bytes than saved."""
+
+
+class _HashingStream(io.RawIOBase):
+    """Write-through proxy that keeps the CRC-32 and length of what passed through it."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.crc, self.size = inner, 0, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += len(view)
+        return self.inner.write(data)
+
+    def tell(self) -> int:  # DCP records item offsets; the file is written from its start, in order
+        return self.size
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:  # the inner stream is closed by its own context manager
+        pass
+
+
+class _HashingFileSystem(FileSystem):
+    """Checksums every data file as it is written. On object stores a data file is serialised into
+    memory and sent with one put (fsspec's file would send it in many small writes and parts); local
+    files are written in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, dict[str, int]] = {}
+
+    def _local(self) -> bool:
+        protocol = self.fs.protocol
+        return "file" in (protocol if isinstance(protocol, (tuple, list)) else (protocol,))
+
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        name = os.path.basename(os.fspath(path))
+        if "w" not in mode or name.startswith(METADATA_FILE) or name.endswith(MANIFEST_SUFFIX):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        if self._local():
+            with super().create_stream(path, mode) as stream:
+                hashed = _HashingStream(stream)
+                yield hashed
+        else:
+            buffer = io.BytesIO()
+            hashed = _HashingStream(buffer)
+            yield hashed
+            self.fs.pipe_file(os.fspath(path), buffer.getvalue())
+        self.written[name] = {"size": hashed.size, "crc32": hashed.crc}
+
+
+class VerifiedWriter(FsspecWriter):
+    """FsspecWriter that records a CRC-32 of every data file it writes and writes this rank's manifest."""
+
+    def __init__(self, path: str, **kwargs) -> None:
+        super().__init__(path, **kwargs)
+        hashing = _HashingFileSystem()
+        hashing.fs = self.fs.fs
+        self.fs = hashing
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        future.wait()  # the base class writes synchronously; the manifest must follow the data
+        if self.fs.written:
+            # named after this rank's first data file (`__<rank>_0.distcp`), so ranks never collide
+            name = sorted(self.fs.written)[0].rsplit(".", 1)[0] + MANIFEST_SUFFIX
+            with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as f:
+                f.write(json.dumps(self.fs.written, sort_keys=True).encode())
+        return future
+
+
+# What DCP's metadata is made of: its dataclasses and enums, torch.Size, dtypes and the layout lookup.
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_SAFE_NAMES = {("torch", "Size"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+               ("torch.serialization", "_get_layout")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata classes; anything else a pickle names (os.system, ...) is refused."""
+
+    def find_class(self, module: str, name: str):
+        import torch
+
+        if "." not in name:
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+            if (module, name) in _SAFE_NAMES:
+                return super().find_class(module, name)
+            if module == _METADATA_MODULE and isinstance(found := super().find_class(module, name), type):
+                return found
+        raise CheckpointDamaged(f"checkpoint metadata names {module}.{name}, which is not part of a DCP checkpoint; "
+                                "refusing to load it")
+
+
+def read_metadata(fs, path: str) -> Metadata:
+    """The step's `.metadata`, unpickled with the restricted unpickler."""
+    with fs.create_stream(fs.concat_path(path, METADATA_FILE), "rb") as f:
+        metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+    if not isinstance(metadata, Metadata):
+        raise CheckpointDamaged(f"{path}/{METADATA_FILE} does not hold DCP metadata")
+    pickled = sorted(k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata))
+    if pickled:
+        raise CheckpointDamaged(f"{path} holds non-tensor (pickled) entries {pickled[:5]}; Trainyard checkpoints "
+                                "hold tensors only and never unpickle, refusing to load it")
+    return metadata
+
+
+class _WholeFileReads(FileSystem):
+    """Reads each data file with one request into memory (DCP would otherwise issue one ranged read per
+    tensor) and, with `verify`, checks its size and CRC-32 against the manifest before serving it."""
+
+    def __init__(self, inner: FileSystem, root: str, verify: bool) -> None:
+        super().__init__()
+        self.fs, self.root, self.verify = inner.fs, root, verify
+        self._recorded: dict[str, dict] | None = None
+
+    def recorded(self) -> dict[str, dict]:
+        if self._recorded is None:
+            self._recorded = {}
+            for entry in self.fs.ls(os.fspath(self.root), detail=False):
+                if entry.endswith(MANIFEST_SUFFIX):
+                    self._recorded.update(json.loads(self.fs.cat(entry)))
+        return self._recorded
+
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        name = os.path.basename(os.fspath(path))
+        if "r" not in mode or name.startswith(METADATA_FILE) or name.endswith(MANIFEST_SUFFIX):
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        try:
+            data = self.fs.cat(os.fspath(path))
+        except FileNotFoundError:
+            raise CheckpointDamaged(f"{self.root}: {name} is missing") from None
+        if self.verify:
+            want = self.recorded().get(name)
+            if want is None:
+                raise CheckpointDamaged(f"{self.root}: no checksum recorded for {name}")
+            if len(data) != want["size"] or zlib.crc32(data) != want["crc32"]:
+                raise CheckpointDamaged(f"{self.root}: {name} has {len(data)} bytes with crc32 "
+                                        f"{zlib.crc32(data):08x}; {want['size']} bytes with crc32 "
+                                        f"{want['crc32']:08x} were written")
+        yield io.BytesIO(data)
+
+
+class SafeReader(FsspecReader):
+    """FsspecReader whose metadata is read by `read_metadata` (restricted, tensors only), that reads each
+    data file once, whole, and with `verify` (the default) checks it against its manifest first."""
+
+    def __init__(self, path: str, *, verify: bool = True, **kwargs) -> None:
+        super().__init__(path, **kwargs)
+        self.fs = _WholeFileReads(self.fs, self.path, verify)
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        metadata = read_metadata(self.fs, self.path)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def verify_step(path: str, storage_options: dict, *, rank: int = 0, world: int = 1) -> None:
+    """Raise CheckpointDamaged unless every data file of the step at `path` is whole: present, of the
+    size its manifest recorded and long enough for every item `.metadata` places in it (checked by all
+    ranks), with the CRC-32 recorded (rank `rank` of `world` reads every world-th file)."""
+    fs = SafeReader(path, **storage_options).fs
+    metadata = read_metadata(fs, fs.root)
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    recorded = fs.recorded()
+    for i, (name, end) in enumerate(sorted(needed.items())):
+        where = fs.concat_path(fs.root, name)
+        if name not in recorded:
+            raise CheckpointDamaged(f"{path}: no checksum recorded for {name}")
+        if not fs.fs.exists(os.fspath(where)):
+            raise CheckpointDamaged(f"{path}: {name} is missing")
+        size = fs.fs.size(os.fspath(where))
+        if size != recorded[name]["size"] or size < end:
+            raise CheckpointDamaged(f"{path}: {name} has {size} bytes, {recorded[name]['size']} were written")
+        if i % world == rank:
+            with fs.create_stream(where, "rb"):  # reads the file whole and checks its CRC-32
+                pass
