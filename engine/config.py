@@ -58,6 +58,9 @@ class TrainConfig:
     checkpoint_async: bool = True
     """Save checkpoints in the background: the loop waits only while the state is copied to host
     memory; at most one save is in flight (false: the loop waits for every save to complete)."""
+    termination_deadline_s: float = 20.0
+    """After SIGTERM (spot interruption, stop()), the step in progress finishes and an emergency
+    checkpoint is written if this many seconds since the signal have not passed (torchrun kills at 30)."""
     keep_last: int = 2
     """Committed checkpoints kept (at least 2); older ones are deleted after each save."""
     dataset: str = "synthetic"
@@ -84,6 +87,8 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.termination_deadline_s < 0:
+            raise ValueError(f"termination_deadline_s must be >= 0, got {self.termination_deadline_s}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm < 0:

@@ -30,6 +30,7 @@ from trainyard.engine.optim import build_optimizer, build_scheduler
 from trainyard.engine.parallel import dims_from_distribution
 from trainyard.engine.parallelize import Parallelized, clip_grad_norm, forward_backward, loss_value, parallelize
 from trainyard.engine.pipeline import PipelineConfig
+from trainyard.engine.termination import Termination
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -154,6 +155,8 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     meter = CommMeter(dims.processes_per_host, dims)
     dp_rank = dims.coords(d.rank)["dp"]
     saver = ckpt.AsyncSaver(uri, keep_last=cfg.keep_last, say=lambda m: _log(d, m)) if uri else None
+    termination = Termination(cfg.termination_deadline_s)
+    saved_step, stopped = start, False
     try:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -180,13 +183,37 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
                 else:
                     target = ckpt.save_checkpoint(uri, step, model, optimizer, scheduler, keep_last=cfg.keep_last)
                     _log(d, f"checkpoint step {step} saved to {target}")
+                saved_step = step
+            if termination.requested(d.device):
+                stopped = True
+                _stop(d, uri, step, saved_step, saver, termination, model, optimizer, scheduler, cfg)
+                break
     finally:
         if saver is not None:
             saver.wait()  # whatever happened, the save in flight completes (or reports) before exit
+        termination.restore()
         if metrics is not None:
             metrics.close()
-    if cfg.save_model:
+    if cfg.save_model and not stopped:
         export_model(par, cfg, max(start, cfg.steps), d)
+
+
+def _stop(d: Dist, uri: str, step: int, saved_step: int, saver, termination: Termination, model, optimizer,
+          scheduler, cfg: TrainConfig) -> None:
+    """SIGTERM reached a rank: finish the save in flight, then checkpoint the step just completed if it is
+    not saved and the deadline allows (a save cut short is never committed: nothing half-written loads)."""
+    _log(d, f"SIGTERM: stopping after step {step}")
+    committed = saver.wait() if saver is not None else True
+    if not uri or (saved_step == step and committed):
+        _log(d, f"SIGTERM: {'no checkpoint location' if not uri else f'step {step} is already checkpointed'}")
+        return
+    left = termination.time_left()
+    if left <= 0:
+        _log(d, f"SIGTERM: no emergency checkpoint, the {cfg.termination_deadline_s:g} s deadline has passed")
+        return
+    t0 = time.perf_counter()
+    target = ckpt.save_checkpoint(uri, step, model, optimizer, scheduler, keep_last=cfg.keep_last)
+    _log(d, f"SIGTERM: emergency checkpoint step {step} saved to {target} in {time.perf_counter() - t0:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

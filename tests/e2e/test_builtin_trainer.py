@@ -69,3 +69,31 @@ def test_loss_curve_independent_of_process_count_and_layout():
         assert len(curves[name]) == 5
         for x, y in zip(curves["one"], curves[name]):
             assert abs(x - y) <= 1e-5 * abs(x), (name, curves)
+
+
+def test_stop_writes_an_emergency_checkpoint_and_the_next_run_resumes_there(monkeypatch):
+    """SIGTERM (stop(), a spot interruption): the ranks finish the step, checkpoint it and exit."""
+    from .helpers import wait_for_log
+
+    ckpt = "s3://e2e-ckpt/emergency"
+    est = _est(400, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": 400, "decay_steps": 400})
+    est.fit(wait=False)
+    job = est.latest_training_job
+    wait_for_log(job, "step 3/400", timeout=240)
+    job.stop()
+    assert job.describe()["TrainingJobStatus"] == "Stopped"
+    logs = job.logs()
+    assert "emergency checkpoint step" in logs, logs[-3000:]
+    step = int(logs.split("emergency checkpoint step ")[1].split()[0])
+    assert step >= 3 and f"SIGTERM: stopping after step {step}" in logs
+    assert [r["step"] for r in job.metrics()][-1] == step  # no step was lost or half-done
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store_client().meta.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    assert list_steps(ckpt) == {step: True}
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert_no_processes_left(job)
+    again = _est(step + 1, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": step + 1, "decay_steps": 400})
+    again.fit(logs=False)
+    assert f"resumed from step {step} at {ckpt}" in again.latest_training_job.logs()
+    assert [r["step"] for r in again.latest_training_job.metrics()] == [step + 1]
