@@ -97,12 +97,62 @@ def measure(case: dict, pph: int) -> dict:
             "norm_params": norms}
 
 
+def _full_state(par, opt) -> dict[str, torch.Tensor]:
+    """Every tensor of this rank's model and optimizer state at full size, by parameter name."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    state = {f"model.{k}": v for k, v in get_model_state_dict(par.model, options=options).items()}
+    optim = get_optimizer_state_dict(par.model, opt, options=options)
+    state.update({f"optim.{k}": v for k, v in optim.items() if isinstance(v, torch.Tensor)})
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+def reshard(case: dict, pph: int) -> dict:
+    """Train layout `source` for STEPS, checkpoint it, then load it into every layout of `targets`:
+    the worst absolute difference of any model or optimizer tensor from the source's, per target."""
+    from trainyard.engine import checkpoint as ckpt
+
+    def setup(layout):
+        dims, par, data = build(layout, pph)
+        opt = optimizer(par.model.parameters())
+        return dims, par, data, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0)
+
+    dims, par, data, opt, sched = setup(case["source"])
+    dp_rank = dims.coords(dist.get_rank())["dp"]
+    for step in range(1, STEPS + 1):
+        forward_backward(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["source"]["microbatches"])
+        clip_grad_norm(par, CLIP)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    ckpt.save_checkpoint(case["dir"], STEPS, par.model, opt, sched)
+    reference = _full_state(par, opt)
+    if dist.get_rank() == 0:
+        torch.save(reference, f"{case['dir']}/reference.pt")
+    out = {}
+    for target in case["targets"]:
+        _, par, _, opt, sched = setup(target)
+        ckpt.load_checkpoint(case["dir"], STEPS, par.model, opt, sched)
+        got = _full_state(par, opt)
+        missing = [k for k in got if k not in reference]
+        worst = max((got[k] - reference[k]).abs().max().item() for k in got if k in reference)
+        result = torch.tensor([worst if not missing else float("inf"), len(got)], dtype=torch.float64)
+        dist.all_reduce(result[:1], op=dist.ReduceOp.MAX)
+        dist.all_reduce(result[1:], op=dist.ReduceOp.SUM)
+        out[target["name"]] = {"worst_abs_diff": result[0].item(), "tensors_checked": int(result[1].item())}
+    return out
+
+
 def main() -> None:
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo")
     pph = int(os.environ["LOCAL_WORLD_SIZE"])
     results: dict = {}
     for case in cases:
+        if case.get("targets"):
+            results[case["name"]] = reshard(case, pph)
+            continue
         if case.get("meter"):
             every = [None] * dist.get_world_size()
             dist.all_gather_object(every, measure(case, pph))
