@@ -50,10 +50,15 @@ def _check_uri_type(uri: Any) -> None:
 def storage_options(uri: str) -> dict[str, Any]:
     """fsspec options for `uri`: the S3 endpoint named explicitly, so that fsspec's instance cache never
     hands out a filesystem bound to another endpoint (it keys instances by these options)."""
+    if not uri.startswith("s3://"):
+        return {}
+    # botocore's "standard" retries: throttling (503 SlowDown), 5xx and dropped connections, with
+    # backoff, on top of s3fs's own retries of the errors it knows
+    options: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 10, "mode": "standard"}}}
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    if uri.startswith("s3://") and endpoint:
-        return {"client_kwargs": {"endpoint_url": endpoint}}
-    return {}
+    if endpoint:
+        options["client_kwargs"] = {"endpoint_url": endpoint}
+    return options
 
 
 def _fs(uri: str):

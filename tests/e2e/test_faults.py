@@ -1,0 +1,43 @@
+"""Checkpoints through an object store that fails 5% of requests (slow: a real multi-process job)."""
+
+import boto3
+import pytest
+import torch
+
+from trainyard import Estimator
+from trainyard.engine import checkpoint as ckpt
+from trainyard.engine.ckpt_io import verify_step
+from trainyard.engine.model import MODEL_CONFIGS, build_model, init_weights
+from trainyard.engine.optim import build_optimizer, build_scheduler
+
+from .faulty_proxy import FaultyProxy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_job_with_a_checkpoint_every_step_survives_a_faulty_store(s3_endpoint, monkeypatch):
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="faulty")
+    with FaultyProxy(s3_endpoint, rate=0.05, seed=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # the SDK, the drivers and every rank go through it
+        est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
+                        processes_per_host=2, output_path="s3://faulty/out", checkpoint_s3_uri="s3://faulty/ckpt",
+                        max_run=500, hyperparameters={"model": "tiny", "steps": 6, "checkpoint_every": 1,
+                                                      "keep_last": 10, "global_batch_size": 8, "seq_len": 32})
+        est.fit(logs=False)
+        counts = dict(proxy.counts)
+    assert est.latest_training_job.describe()["TrainingJobStatus"] == "Completed"
+    faults = counts["500"] + counts["503"] + counts["dropped"]
+    print(f"faulty proxy: {counts}")
+    assert faults >= 8 and all(counts[k] > 0 for k in ("500", "503", "dropped")), counts
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    steps = ckpt.list_steps("s3://faulty/ckpt")
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6] and all(steps.values()), steps
+    for step in steps:  # every committed step is whole and loads
+        verify_step(ckpt.step_uri("s3://faulty/ckpt", step), ckpt.storage_options("s3://faulty/ckpt"))
+        model = build_model(MODEL_CONFIGS["tiny"])
+        init_weights(model, 0, device="cpu")
+        opt = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+        sched = build_scheduler(opt, warmup_steps=1, total_steps=6, min_lr_ratio=0.1)
+        assert ckpt.load_checkpoint("s3://faulty/ckpt", step, model, opt, sched) == step
+        assert all(torch.isfinite(p).all() for p in model.parameters())
