@@ -34,6 +34,12 @@ class CheckpointDamaged(ValueError):
     """A committed step that cannot be trusted: a file missing, short, or with other bytes than saved."""
 
 
+def _data_file(path) -> str | None:
+    """The file name when `path` is a data file of DCP's (not `.metadata` nor a manifest), else None."""
+    name = os.path.basename(os.fspath(path))
+    return None if name.startswith(METADATA_FILE) or name.endswith(MANIFEST_SUFFIX) else name
+
+
 class _HashingStream(io.RawIOBase):
     """Write-through proxy that keeps the CRC-32 and length of what passed through it."""
 
@@ -78,8 +84,8 @@ class _HashingFileSystem(FileSystem):
 
     @contextmanager
     def create_stream(self, path, mode: str):
-        name = os.path.basename(os.fspath(path))
-        if "w" not in mode or name.startswith(METADATA_FILE) or name.endswith(MANIFEST_SUFFIX):
+        name = _data_file(path)
+        if "w" not in mode or name is None:
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
@@ -170,8 +176,8 @@ class _WholeFileReads(FileSystem):
 
     @contextmanager
     def create_stream(self, path, mode: str):
-        name = os.path.basename(os.fspath(path))
-        if "r" not in mode or name.startswith(METADATA_FILE) or name.endswith(MANIFEST_SUFFIX):
+        name = _data_file(path)
+        if "r" not in mode or name is None:
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
