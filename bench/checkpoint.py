@@ -59,7 +59,7 @@ def main() -> int:
         t = time.perf_counter()
         ckpt.save_checkpoint(uri, 1, model, opt, sched, keep_last=2)
         runs["save"].append(time.perf_counter() - t)
-        files = {e["name"]: e["size"] for e in fs.ls(ckpt.step_uri(uri, 1), detail=True)}
+        files = {name: info["size"] for name, info in fs.find(ckpt.step_uri(uri, 1), detail=True).items()}
         nbytes = sum(files.values())
         t = time.perf_counter()
         ckpt.load_checkpoint(uri, 1, model, opt, sched)

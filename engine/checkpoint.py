@@ -1,15 +1,16 @@
 """Checkpoints with torch.distributed.checkpoint (DCP) to an fsspec URI: `s3://bucket/prefix` or a path.
 
-Layout: one prefix per step, `<uri>/step-00000100/`, holding one `__<rank>_0.distcp` file per rank,
-its checksum manifest `__<rank>_0.checksums.json`, and a `.metadata` object that DCP's coordinator
-writes last (to `.metadata.tmp`, then renamed). `.metadata` is the commit marker: a step without it is
-an interrupted save and is never loaded. Resume lists the `step-*` prefixes (there is no pointer file
-to trust), verifies the newest committed one (`ckpt_io.verify_step`: files present, sizes and CRC-32
-as written) and falls back to the one before, with a warning naming the damaged step.
+Layout: one prefix per step, `<uri>/step-00000100/`, holding per rank `rank-NNNNN/__<rank>_0.distcp` and
+its checksum manifest `rank-NNNNN/__<rank>_0.checksums.json`, the model's shape `model.json`, and a
+`.metadata` object that DCP's coordinator writes last (to `.metadata.tmp`, then renamed). `.metadata`
+is the commit marker: a step without it is an interrupted save and is never loaded. Resume (`resume`)
+lists the `step-*` prefixes (there is no pointer file to trust), loads the newest committed one while
+checking every file it reads against its manifest, and on damage falls back to the one before, with a
+warning naming the damaged step.
 
 The saved state is one dict of tensors: {"app": model + optimizer (get_state_dict, sharded as
-DTensors, so a load reshards to another process count; optimizer settings such as lr and betas as
-float64 tensors), "trainer": step and LR-scheduler state as tensors}. Nothing is pickled, and a
+DTensors, so a load reshards to another process count; optimizer settings such as lr and betas packed
+as float64 tensors), "trainer": step and LR-scheduler state as tensors}. Nothing is pickled, and a
 checkpoint that holds pickled entries is refused before anything of it is read.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Storage of one checkpoint step, verified: what DCP writes, checksummed as it is written; what it reads,
 checked before anything is loaded and never unpickled beyond DCP's own metadata classes.
 
-Write (`VerifiedWriter`, a DCP `FsspecWriter`): every data file is streamed through a CRC-32 as it is
-written, and each rank then writes `__<rank>_0.checksums.json` ({file: {"size", "crc32"}}) next to its
-files. DCP's coordinator writes `.metadata` (the commit marker) only after every rank's `write_data`
+Write (`VerifiedWriter`, a DCP `FsspecWriter`): each rank writes under a key prefix of its own
+(`rank-00003/__3_0.distcp`); every data file is streamed through a CRC-32 as it is written, and each
+rank then writes `rank-00003/__3_0.checksums.json` ({file: {"size", "crc32"}}) next to its files. DCP's coordinator writes `.metadata` (the commit marker) only after every rank's `write_data`
 returned, so a committed step always has its manifests.
 
 Read (`SafeReader`, a DCP `FsspecReader`): `.metadata` is a pickle written by DCP; it is read with an
@@ -16,6 +16,7 @@ size and CRC-32; ranks share the reading (each checks every world-th file).
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -24,6 +25,7 @@ import zlib
 from contextlib import contextmanager
 
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 MANIFEST_SUFFIX = ".checksums.json"
@@ -32,6 +34,10 @@ METADATA_FILE = ".metadata"
 
 class CheckpointDamaged(ValueError):
     """A committed step that cannot be trusted: a file missing, short, or with other bytes than saved."""
+
+
+def _relative(path, root: str) -> str:
+    return os.path.relpath(os.fspath(path), root)
 
 
 def _data_file(path) -> str | None:
@@ -74,9 +80,10 @@ class _HashingFileSystem(FileSystem):
     memory and sent with one put (fsspec's file would send it in many small writes and parts); local
     files are written in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: str) -> None:
         super().__init__()
-        self.written: dict[str, dict[str, int]] = {}
+        self.root = root
+        self.written: dict[str, dict[str, int]] = {}  # path relative to the step -> size, crc32
 
     def _local(self) -> bool:
         protocol = self.fs.protocol
@@ -90,6 +97,7 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         if self._local():
+            self.fs.makedirs(os.path.dirname(os.fspath(path)), exist_ok=True)
             with super().create_stream(path, mode) as stream:
                 hashed = _HashingStream(stream)
                 yield hashed
@@ -98,7 +106,7 @@ class _HashingFileSystem(FileSystem):
             hashed = _HashingStream(buffer)
             yield hashed
             self.fs.pipe_file(os.fspath(path), buffer.getvalue())
-        self.written[name] = {"size": hashed.size, "crc32": hashed.crc}
+        self.written[_relative(path, self.root)] = {"size": hashed.size, "crc32": hashed.crc}
 
 
 class VerifiedWriter(FsspecWriter):
@@ -106,15 +114,21 @@ class VerifiedWriter(FsspecWriter):
 
     def __init__(self, path: str, **kwargs) -> None:
         super().__init__(path, **kwargs)
-        hashing = _HashingFileSystem()
+        hashing = _HashingFileSystem(os.fspath(self.path))
         hashing.fs = self.fs.fs
         self.fs = hashing
+
+    def prepare_global_plan(self, plans):
+        """Each rank's files under a prefix of its own (`rank-00003/__3_0.distcp`): object stores scale
+        request rates per key prefix, so thousands of ranks writing at once do not share one."""
+        return [dataclasses.replace(plan, storage_data=_StoragePrefix(f"rank-{i:05d}/__{i}_"))
+                for i, plan in enumerate(plans)]
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()  # the base class writes synchronously; the manifest must follow the data
         if self.fs.written:
-            # named after this rank's first data file (`__<rank>_0.distcp`), so ranks never collide
+            # named after this rank's first data file (`rank-00003/__3_0.distcp`), so ranks never collide
             name = sorted(self.fs.written)[0].rsplit(".", 1)[0] + MANIFEST_SUFFIX
             with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as f:
                 f.write(json.dumps(self.fs.written, sort_keys=True).encode())
@@ -169,7 +183,7 @@ class _WholeFileReads(FileSystem):
     def recorded(self) -> dict[str, dict]:
         if self._recorded is None:
             self._recorded = {}
-            for entry in self.fs.ls(os.fspath(self.root), detail=False):
+            for entry in self.fs.find(os.fspath(self.root)):
                 if entry.endswith(MANIFEST_SUFFIX):
                     self._recorded.update(json.loads(self.fs.cat(entry)))
         return self._recorded
@@ -181,6 +195,7 @@ class _WholeFileReads(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
+        name = _relative(path, self.root)
         try:
             data = self.fs.cat(os.fspath(path))
         except FileNotFoundError:

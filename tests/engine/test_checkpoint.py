@@ -94,6 +94,11 @@ def test_save_and_load_round_trip(uri):
     for step in (1, 2, 3):
         ckpt.save_checkpoint(uri, step, model, opt, sched, keep_last=2)
     assert ckpt.list_steps(uri) == {2: True, 3: True}
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(ckpt.step_uri(uri, 3), **ckpt.storage_options(uri))
+    assert sorted(p[len(root.rstrip("/")) + 1:] for p in fs.find(root)) == [
+        ".metadata", "model.json", "rank-00000/__0_0.checksums.json", "rank-00000/__0_0.distcp"]
 
     fresh, fresh_opt, fresh_sched = _setup(seed=1)
     assert ckpt.load_checkpoint(uri, 3, fresh, fresh_opt, fresh_sched) == 3
@@ -112,7 +117,7 @@ def test_save_and_load_round_trip(uri):
 def _damage(uri: str, step: int, how: str) -> None:
     import fsspec
 
-    path = f"{ckpt.step_uri(uri, step)}/__0_0.distcp"
+    path = f"{ckpt.step_uri(uri, step)}/rank-00000/__0_0.distcp"
     fs, p = fsspec.core.url_to_fs(path, **ckpt.storage_options(uri))
     if how == "missing":
         fs.rm(p)
