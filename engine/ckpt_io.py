@@ -1,18 +1,20 @@
-"""Storage of one checkpoint step, verified: what DCP writes, checksummed as it is written; what it reads,
-checked before anything is loaded and never unpickled beyond DCP's own metadata classes.
+"""Storage of one checkpoint step, verified: what DCP writes is checksummed as it is written; what it
+reads is checked before its bytes are used, and nothing is unpickled beyond DCP's own metadata classes.
 
 Write (`VerifiedWriter`, a DCP `FsspecWriter`): each rank writes under a key prefix of its own
-(`rank-00003/__3_0.distcp`); every data file is streamed through a CRC-32 as it is written, and each
-rank then writes `rank-00003/__3_0.checksums.json` ({file: {"size", "crc32"}}) next to its files. DCP's coordinator writes `.metadata` (the commit marker) only after every rank's `write_data`
-returned, so a committed step always has its manifests.
+(`rank-00003/__3_0.distcp`); every data file goes through a CRC-32 as it is written, and each rank then
+writes `rank-00003/__3_0.checksums.json` ({file: {"size", "crc32"}}) next to its files. DCP's
+coordinator writes `.metadata` (the commit marker) only after every rank's `write_data` returned, so a
+committed step always has its manifests.
 
 Read (`SafeReader`, a DCP `FsspecReader`): `.metadata` is a pickle written by DCP; it is read with an
 unpickler that only builds the classes DCP's metadata is made of (a crafted `.metadata` that names
 anything else is refused, not run). A step whose metadata holds non-tensor (pickled) entries is refused:
-DCP would `torch.load(weights_only=False)` them. Trainyard saves only tensors.
+DCP would `torch.load(weights_only=False)` them. Trainyard saves only tensors. Each data file is read
+whole, in one request, and (by default) checked against its manifest before DCP sees it.
 
-`verify_step` checks, before a load, that every file `.metadata` references exists with the recorded
-size and CRC-32; ranks share the reading (each checks every world-th file).
+`verify_step` checks a whole step without loading it: every file `.metadata` references exists with
+the recorded size and CRC-32; ranks share the reading (each checks every world-th file).
 """
 from __future__ import annotations
 
