@@ -46,7 +46,8 @@ class CheckpointSync:
 
         files = storage.list_files(self.uri)
         storage.download_tree(self.uri, self.local_dir, files)
-        self.uploaded = self._seen = self._scan()
+        self.uploaded = self._scan()
+        self._seen = dict(self.uploaded)
         return len(files)
 
     def start(self) -> CheckpointSync:

@@ -67,6 +67,7 @@ class CommMeter:
     def __init__(self, processes_per_host: int, dims=None):
         self.processes_per_host = processes_per_host
         self.dims = dims  # a ParallelDims: totals() then also splits the bytes by mesh dimension
+        self._dimensions: dict[tuple[int, ...], str] = {}  # groups are few and fixed: name each once
         self._local = threading.local()
         self.reset()
 
@@ -89,6 +90,11 @@ class CommMeter:
     def dimension(self, ranks: tuple[int, ...]) -> str:
         """The mesh dimension(s) a group runs along: the ones its ranks' coordinates differ in (the two
         halves of a partition group count as `dp_shard`)."""
+        if ranks not in self._dimensions:
+            self._dimensions[ranks] = self._name_dimension(ranks)
+        return self._dimensions[ranks]
+
+    def _name_dimension(self, ranks: tuple[int, ...]) -> str:
         coords = [self.dims.coords(r) for r in ranks]
         varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
                    if len({c[d] for c in coords}) > 1]

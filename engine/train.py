@@ -154,7 +154,9 @@ def _train(cfg: TrainConfig, d: Dist) -> None:
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     meter = CommMeter(dims.processes_per_host, dims)
     dp_rank = dims.coords(d.rank)["dp"]
-    saver = ckpt.AsyncSaver(uri, keep_last=cfg.keep_last, say=lambda m: _log(d, m)) if uri else None
+    # the async saver makes a process group of its own: only when it is used
+    saver = ckpt.AsyncSaver(uri, keep_last=cfg.keep_last, say=lambda m: _log(d, m)) \
+        if uri and cfg.checkpoint_async else None
     termination = Termination(cfg.termination_deadline_s)
     saved_step, stopped = start, False
     try:

@@ -142,7 +142,6 @@ def test_checkpoints_reshard_across_layouts(tmp_path):
 
     from trainyard.engine import checkpoint as ckpt
     from trainyard.engine.model import build_model, init_weights
-    from trainyard.engine.parallelize import RankModel  # noqa: F401  (the loaders below use the engine's path)
 
     from .parallel_worker import CFG, STEPS, optimizer
 
