@@ -1,6 +1,6 @@
 """Checkpoints with torch.distributed.checkpoint (DCP) to an fsspec URI: `s3://bucket/prefix` or a path.
 
-Layout: one prefix per step, `<uri>/step-00000100/`, holding per rank `rank-NNNNN/__<rank>_0.distcp` and
+Layout: one prefix per step, `<uri>/step-00000100/`, holding per rank `rank-NNNNN/__<rank>_0.distcp` (safetensors) and
 its checksum manifest `rank-NNNNN/__<rank>_0.checksums.json`, the model's shape `model.json`, and a
 `.metadata` object that DCP's coordinator writes last (to `.metadata.tmp`, then renamed). `.metadata`
 is the commit marker: a step without it is an interrupted save and is never loaded. Resume (`resume`)
@@ -15,8 +15,10 @@ checkpoint that holds pickled entries is refused before anything of it is read.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -131,6 +133,8 @@ def purge(uri: str, keep_last: int, *, protect: int | None = None) -> list[int]:
     fs, _ = _fs(uri)
     for step in sorted(doomed):
         _, path = _fs(step_uri(uri, step))
+        if steps[step]:  # uncommit first: a purge cut short leaves an ignored prefix, never a damaged step
+            fs.rm(f"{path}/{COMMIT_MARKER}")
         fs.rm(path, recursive=True)
     fs.invalidate_cache()
     return sorted(doomed)
@@ -276,15 +280,16 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
 class AsyncSaver:
     """Saves with at most one in flight: `save()` stages the state to host memory (the only part the
     training loop waits for) and DCP uploads it from a background thread, over a process group of its
-    own so that its collectives never interleave with training's. `wait()` finishes the save in flight:
-    on success rank 0 purges old steps; on failure it reports and returns False (the step was never
-    committed: DCP writes `.metadata` last), and the next interval saves again."""
+    own so that its collectives never interleave with training's. When the upload is committed, rank 0
+    purges old steps from that background thread too. `wait()` finishes the save in flight: on failure
+    it reports and returns False (the step was never committed: DCP writes `.metadata` last), and the
+    next interval saves again."""
 
     def __init__(self, uri: str, *, keep_last: int = DEFAULT_KEEP_LAST, say=print) -> None:
         self.uri, self.keep_last, self.say = uri, keep_last, say
         self.distributed = dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if self.distributed else None
-        self.pending: tuple[int, Any] | None = None
+        self.pending: tuple[int, Future] | None = None
         self.failed: list[int] = []
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -301,19 +306,36 @@ class AsyncSaver:
             _write_model_config(step_uri(self.uri, step), model)
         except OSError as e:
             self.say(f"WARNING: checkpoint step {step}: model.json not written ({e}); the save goes on")
-        future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+        upload = dcp.async_save(state, storage_writer=writer, process_group=self.group,
                                 no_dist=not self.distributed)
-        self.pending = (step, getattr(future, "upload_completion", future))
+        upload = getattr(upload, "upload_completion", upload)
+        purges = not self.distributed or dist.get_rank() == 0
+        self.pending = (step, self._finisher.submit(self._finish, step, upload, purges))
         return time.perf_counter() - start
+
+    @functools.cached_property
+    def _finisher(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(1, thread_name_prefix="ckpt-finish")
+
+    def _finish(self, step: int, upload, purges: bool) -> None:
+        """In the background: wait for the upload; once it is committed, purge old steps (rank 0). A failed
+        purge is reported and leaves the steps for the next one."""
+        upload.result()
+        self.say(f"checkpoint step {step} saved to {step_uri(self.uri, step)}")
+        if purges:
+            try:
+                purge(self.uri, self.keep_last, protect=step)
+            except Exception as e:  # noqa: BLE001 - the step is committed whatever the purge does
+                self.say(f"WARNING: purging old checkpoints under {self.uri} failed ({e}); the next save retries")
 
     def wait(self) -> bool:
         """Finish the save in flight, if any; False when it failed (reported)."""
         if self.pending is None:
             return True
-        step, future = self.pending
+        step, finished = self.pending
         self.pending = None
         try:
-            future.result()
+            finished.result()
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -321,9 +343,6 @@ class AsyncSaver:
             self.say(f"WARNING: checkpoint step {step} to {self.uri} failed and was not committed; the next "
                      f"interval saves again: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}")
             return False
-        if not self.distributed or dist.get_rank() == 0:
-            purge(self.uri, self.keep_last, protect=step)
-        self.say(f"checkpoint step {step} saved to {step_uri(self.uri, step)}")
         return True
 
 

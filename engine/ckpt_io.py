@@ -1,17 +1,19 @@
 """Storage of one checkpoint step, verified: what DCP writes is checksummed as it is written; what it
 reads is checked before its bytes are used, and nothing is unpickled beyond DCP's own metadata classes.
 
-Write (`VerifiedWriter`, a DCP `FsspecWriter`): each rank writes under a key prefix of its own
-(`rank-00003/__3_0.distcp`); every data file goes through a CRC-32 as it is written, and each rank then
-writes `rank-00003/__3_0.checksums.json` ({file: {"size", "crc32"}}) next to its files. DCP's
-coordinator writes `.metadata` (the commit marker) only after every rank's `write_data` returned, so a
-committed step always has its manifests.
+Write (`VerifiedWriter`, a DCP `FsspecWriter`): each rank writes one safetensors file under a key prefix
+of its own (`rank-00003/__3_0.distcp`: its shard of every tensor, keyed by name); every data file goes
+through a CRC-32 as it is written, and each rank then writes `rank-00003/__3_0.checksums.json`
+({file: {"size", "crc32"}}) next to its files. DCP's coordinator writes `.metadata` (the commit marker)
+only after every rank's `write_data` returned, so a committed step always has its manifests.
 
 Read (`SafeReader`, a DCP `FsspecReader`): `.metadata` is a pickle written by DCP; it is read with an
 unpickler that only builds the classes DCP's metadata is made of (a crafted `.metadata` that names
 anything else is refused, not run). A step whose metadata holds non-tensor (pickled) entries is refused:
 DCP would `torch.load(weights_only=False)` them. Trainyard saves only tensors. Each data file is read
-whole, in one request, and (by default) checked against its manifest before DCP sees it.
+whole, in one request, (by default) checked against its manifest, and parsed once as safetensors (a
+JSON header and raw bytes: no unpickling at all, where DCP's default format is one `torch.save` zip
+per tensor, each `torch.load`ed).
 
 `verify_step` checks a whole step without loading it: every file `.metadata` references exists with
 the recorded size and CRC-32; ranks share the reading (each checks every world-th file).
@@ -21,14 +23,21 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import pickle
+import struct
+import warnings
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.filesystem import _StoragePrefix
+from torch.distributed.checkpoint.filesystem import SerializationFormat, _StoragePrefix
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.futures import Future
 
 MANIFEST_SUFFIX = ".checksums.json"
 METADATA_FILE = ".metadata"
@@ -77,6 +86,23 @@ class _HashingStream(io.RawIOBase):
         pass
 
 
+class _Parts:
+    """In-memory sink that keeps what is written as parts (bytes written are kept, not copied)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self.parts.append(data if isinstance(data, bytes) else bytes(data))
+        return len(self.parts[-1])
+
+    def value(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+    def flush(self) -> None:
+        pass
+
+
 class _HashingFileSystem(FileSystem):
     """Checksums every data file as it is written. On object stores a data file is serialised into
     memory and sent with one put (fsspec's file would send it in many small writes and parts); local
@@ -104,18 +130,19 @@ class _HashingFileSystem(FileSystem):
                 hashed = _HashingStream(stream)
                 yield hashed
         else:
-            buffer = io.BytesIO()
-            hashed = _HashingStream(buffer)
+            parts = _Parts()
+            hashed = _HashingStream(parts)
             yield hashed
-            self.fs.pipe_file(os.fspath(path), buffer.getvalue())
+            self.fs.pipe_file(os.fspath(path), parts.value())
         self.written[_relative(path, self.root)] = {"size": hashed.size, "crc32": hashed.crc}
 
 
 class VerifiedWriter(FsspecWriter):
-    """FsspecWriter that records a CRC-32 of every data file it writes and writes this rank's manifest."""
+    """FsspecWriter that writes each rank's shards as one safetensors file, records a CRC-32 of every data
+    file it writes and writes this rank's manifest."""
 
     def __init__(self, path: str, **kwargs) -> None:
-        super().__init__(path, **kwargs)
+        super().__init__(path, serialization_format=SerializationFormat.SAFETENSORS, **kwargs)
         hashing = _HashingFileSystem(os.fspath(self.path))
         hashing.fs = self.fs.fs
         self.fs = hashing
@@ -127,6 +154,13 @@ class VerifiedWriter(FsspecWriter):
                 for i, plan in enumerate(plans)]
 
     def write_data(self, plan, planner):
+        names = [item.index.fqn for item in plan.items]
+        opaque = sorted(item.index.fqn for item in plan.items if item.type == WriteItemType.BYTE_IO)
+        if opaque:
+            raise ValueError(f"checkpoint state {opaque[:5]} is not a tensor; Trainyard checkpoints hold tensors "
+                             "only (store numbers as tensors)")
+        if len(set(names)) != len(names):  # a safetensors file holds one tensor per name
+            raise ValueError(f"this rank holds several shards of {sorted({n for n in names if names.count(n) > 1})[:5]}")
         future = super().write_data(plan, planner)
         future.wait()  # the base class writes synchronously; the manifest must follow the data
         if self.fs.written:
@@ -192,25 +226,34 @@ class _WholeFileReads(FileSystem):
 
     @contextmanager
     def create_stream(self, path, mode: str):
-        name = _data_file(path)
-        if "r" not in mode or name is None:
+        if "r" not in mode or _data_file(path) is None:
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        name = _relative(path, self.root)
-        try:
-            data = self.fs.cat(os.fspath(path))
-        except FileNotFoundError:
-            raise CheckpointDamaged(f"{self.root}: {name} is missing") from None
-        if self.verify:
-            want = self.recorded().get(name)
-            if want is None:
-                raise CheckpointDamaged(f"{self.root}: no checksum recorded for {name}")
-            if len(data) != want["size"] or zlib.crc32(data) != want["crc32"]:
-                raise CheckpointDamaged(f"{self.root}: {name} has {len(data)} bytes with crc32 "
-                                        f"{zlib.crc32(data):08x}; {want['size']} bytes with crc32 "
-                                        f"{want['crc32']:08x} were written")
+        data = self.read_file(path)
+        self.check(path, data)
         yield io.BytesIO(data)
+
+    def read_file(self, path) -> bytes:
+        """A data file's bytes, read in one request."""
+        try:
+            return self.fs.cat(os.fspath(path))
+        except FileNotFoundError:
+            raise CheckpointDamaged(f"{self.root}: {_relative(path, self.root)} is missing") from None
+
+    def check(self, path, data: bytes) -> None:
+        """With `verify`: raise CheckpointDamaged unless `data` has the size and CRC-32 its manifest
+        recorded for the file at `path`."""
+        if not self.verify:
+            return
+        name = _relative(path, self.root)
+        want = self.recorded().get(name)
+        if want is None:
+            raise CheckpointDamaged(f"{self.root}: no checksum recorded for {name}")
+        crc = zlib.crc32(data)
+        if len(data) != want["size"] or crc != want["crc32"]:
+            raise CheckpointDamaged(f"{self.root}: {name} has {len(data)} bytes with crc32 {crc:08x}; "
+                                    f"{want['size']} bytes with crc32 {want['crc32']:08x} were written")
 
 
 class SafeReader(FsspecReader):
@@ -229,6 +272,85 @@ class SafeReader(FsspecReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan, planner):
+        """Each file is read once, in one request, and parsed once: its tensors are views of the bytes
+        read, each item is narrowed to the part this rank needs and copied into place. While one file is
+        copied the next one is fetched (at most two files in memory), and its CRC-32 runs on another
+        thread (zlib and torch's copy both release the GIL); a mismatch fails the load as any damage
+        does, and the caller then loads an older step over whatever was copied."""
+        per_file: dict[str, list] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        names = list(per_file)
+        paths = [self.fs.concat_path(self.path, name) for name in names]
+        with ThreadPoolExecutor(1, thread_name_prefix="ckpt-fetch") as fetcher, \
+                ThreadPoolExecutor(1, thread_name_prefix="ckpt-crc") as checker:
+            fetched = fetcher.submit(self.fs.read_file, paths[0]) if paths else None
+            for i, (name, path) in enumerate(zip(names, paths)):
+                data = fetched.result()
+                if i + 1 < len(paths):
+                    fetched = fetcher.submit(self.fs.read_file, paths[i + 1])
+                checked = checker.submit(self.fs.check, path, data)
+                try:
+                    self._copy_items(name, data, per_file[name], planner)
+                except CheckpointDamaged:
+                    checked.result()  # a checksum mismatch explains it better
+                    raise
+                checked.result()
+                del data
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+    def _copy_items(self, name: str, data: bytes, items, planner) -> None:
+        tensors = safetensors_views(data, f"{self.path}/{name}")
+        for item in items:
+            fqn = item.storage_index.fqn
+            if item.type == LoadItemType.BYTE_IO or fqn not in tensors:
+                raise CheckpointDamaged(f"{self.path}: {name} holds no tensor {fqn}")
+            saved = narrow_tensor_by_index(tensors[fqn], item.storage_offsets, item.lengths)
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != saved.size():
+                raise CheckpointDamaged(f"{self.path}: {fqn} in {name} has shape {tuple(saved.shape)}, "
+                                        f"{tuple(target.shape)} expected")
+            target.copy_(saved)
+            planner.commit_tensor(item, target)
+
+
+def _dtypes() -> dict:
+    import torch
+
+    return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+            "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def safetensors_views(data: bytes, where: str) -> dict:
+    """The tensors of the safetensors file `data` (an 8-byte little-endian header length, a JSON header
+    {name: {dtype, shape, data_offsets}}, then the bytes), as read-only views of `data`: no copy, and
+    nothing but JSON is parsed. Raises CheckpointDamaged when the layout does not hold together."""
+    import torch
+
+    dtypes, views = _dtypes(), {}
+    try:
+        (size,) = struct.unpack_from("<Q", data, 0)
+        header = json.loads(memoryview(data)[8:8 + size].tobytes())
+        header.pop("__metadata__", None)
+        base, buffer = 8 + size, memoryview(data)
+        with warnings.catch_warnings():  # views of immutable bytes: they are only read, never written
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            for name, info in header.items():
+                dtype, shape, (begin, end) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]
+                if not (0 <= begin <= end <= len(data) - base
+                        and end - begin == math.prod(shape) * dtype.itemsize):
+                    raise ValueError(f"{name}: bytes {begin}..{end} do not hold {info['dtype']}{shape}")
+                flat = (torch.frombuffer(buffer[base + begin:base + end], dtype=dtype) if end > begin
+                        else torch.empty(0, dtype=dtype))
+                views[name] = flat.view(shape)
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise CheckpointDamaged(f"{where} is not a whole safetensors file ({type(e).__name__}: {e})") from None
+    return views
 
 
 def verify_step(path: str, storage_options: dict, *, rank: int = 0, world: int = 1) -> None:

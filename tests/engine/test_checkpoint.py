@@ -223,6 +223,54 @@ def test_async_save_stages_then_uploads_and_reports_failures(uri, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_async_saver_purges_in_the_background(uri, monkeypatch):
+    import time
+
+    model, opt, sched = _setup(seed=0)
+    said: list[str] = []
+    saver = ckpt.AsyncSaver(uri, keep_last=2, say=said.append)
+    for step in (1, 2, 3):
+        saver.save(step, model, opt, sched)
+    # no wait(): once step 3 is committed the background thread purges step 1 by itself
+    deadline = time.monotonic() + 30
+    while ckpt.list_steps(uri) != {2: True, 3: True} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ckpt.list_steps(uri) == {2: True, 3: True}
+    assert saver.wait()
+    # a purge that fails is reported; the step it followed stays committed and the save counts as done
+    def broken_purge(*args, **kwargs):
+        raise OSError("SlowDown")
+
+    monkeypatch.setattr(ckpt, "purge", broken_purge)
+    saver.save(4, model, opt, sched)
+    assert saver.wait() and ckpt.list_steps(uri) == {2: True, 3: True, 4: True}
+    assert "purging old checkpoints" in said[-1] and "SlowDown" in said[-1]
+
+
+def test_purge_uncommits_a_step_before_deleting_its_files(tmp_path, monkeypatch):
+    import fsspec.implementations.local as local
+
+    uri = str(tmp_path / "ckpt")
+    for step in (1, 2, 3):
+        _fake_step(uri, step, committed=True)
+    removed: list[str] = []
+    real_rm = local.LocalFileSystem.rm
+
+    def rm_then_die(self, path, recursive=False, **kwargs):
+        removed.append(str(path))
+        if recursive:
+            raise OSError("the process died here")
+        return real_rm(self, path, recursive=recursive, **kwargs)
+
+    monkeypatch.setattr(local.LocalFileSystem, "rm", rm_then_die)
+    with pytest.raises(OSError, match="died"):
+        ckpt.purge(uri, keep_last=2)
+    assert removed[0].endswith("step-00000001/.metadata")
+    # cut short after the marker went: step 1 is an interrupted save, never a committed damaged step
+    assert ckpt.list_steps(uri) == {1: False, 2: True, 3: True}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_export_consolidates_into_safetensors(tmp_path, capsys):
     from safetensors.torch import load_file
 
