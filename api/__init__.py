@@ -4,7 +4,7 @@ The public names are loaded on first use, so `import trainyard.engine` inside a 
 does not pay for the SDK (pydantic, boto3).
 """
 __version__ = "0.1.0"
-__all__ = ["Estimator", "TrainingInput"]
+__all__ = ["Estimator", "FileSystemInput", "TrainingInput"]
 
 
 def __getattr__(name: str):
@@ -12,8 +12,8 @@ def __getattr__(name: str):
         from trainyard.sdk.estimator import Estimator
 
         return Estimator
-    if name == "TrainingInput":
-        from trainyard.sdk.inputs import TrainingInput
+    if name in ("TrainingInput", "FileSystemInput"):
+        from trainyard.sdk import inputs
 
-        return TrainingInput
+        return getattr(inputs, name)
     raise AttributeError(f"module 'trainyard' has no attribute {name!r}")

@@ -1,13 +1,15 @@
 """SageMaker's container contract, rendered by ONE function shared by every backend.
 
 `render_contract(spec, host_index, ...)` returns, for one host, the files under the `/opt/ml`-shaped
-root and the environment a training script sees. Backends write the files; the driver in the
-container renders the same contract again from `trainyard.json` to get the environment, the way
-SageMaker's training toolkit derives `SM_*` from the config files. Pure: no I/O, no clock.
+root and the environment a training script sees. Backends write the files with `write_contract`; the
+driver in the container renders the same contract again from `trainyard.json` to get the environment,
+the way SageMaker's training toolkit derives `SM_*` from the config files. `render_contract` is pure:
+no I/O, no clock.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -173,3 +175,12 @@ def _under_root(path: str, root: str) -> str:
     if root != "/opt/ml" and (path == "/opt/ml" or path.startswith("/opt/ml/")):
         return root + path[len("/opt/ml") :]
     return path
+
+
+def write_contract(contract: HostContract, dest_root: str) -> None:
+    """Create a HostContract's folders and files under `dest_root` (the host's /opt/ml as seen here)."""
+    for d in contract.dirs:
+        os.makedirs(f"{dest_root}/{d}", exist_ok=True)
+    for rel, text in contract.files.items():
+        with open(f"{dest_root}/{rel}", "w") as fh:
+            fh.write(text)

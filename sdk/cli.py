@@ -1,6 +1,6 @@
-"""`trainyard`: the command line for local jobs and the embedded store.
+"""`trainyard`: the command line for jobs (local and EC2) and the embedded store.
 
-    trainyard jobs                  list local jobs, newest first
+    trainyard jobs                  list jobs started from this machine, newest first
     trainyard describe JOB          the job's description as JSON
     trainyard logs JOB [--follow]   the job's logs
     trainyard stop JOB              stop a job (every process of it ends)
@@ -8,6 +8,8 @@
     trainyard checkpoint export URI OUT
                                     consolidate a sharded checkpoint (a location or one step's prefix)
                                     into OUT/model.safetensors + OUT/config.json
+    trainyard gc [--include-running] [--region R]
+                                    delete the EC2 resources (tagged trainyard:job) that ended jobs left
 """
 from __future__ import annotations
 
@@ -33,10 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     ex = ck_sub.add_parser("export", help="one safetensors file from a sharded checkpoint")
     ex.add_argument("uri", help="s3://bucket/prefix or a path: a checkpoint location or a step-NNNNNNNN prefix")
     ex.add_argument("out", help="folder for model.safetensors and config.json")
+    g = sub.add_parser("gc", help="delete EC2 resources that ended jobs left behind")
+    g.add_argument("--include-running", action="store_true",
+                   help="also jobs with running instances that no controller on this machine follows")
+    g.add_argument("--region", default=None, help="default: the AWS configuration's region")
     a = p.parse_args(argv)
 
     from trainyard.sdk.errors import ConfigError, JobFailedError
-    from trainyard.sdk.local import LocalJob
+    from trainyard.sdk.local import open_job as LocalJob
 
     try:
         if a.cmd == "jobs":
@@ -72,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 ep = ensure_store()
                 print(f"{ep.url}\t{'embedded, objects under ' + store_root() if ep.embedded else 'AWS_ENDPOINT_URL'}")
+        elif a.cmd == "gc":
+            import boto3
+
+            from trainyard.sdk.aws.backend import gc
+
+            left = gc(boto3.Session(region_name=a.region), include_running=a.include_running)
+            for job, items in left.items():
+                for item in items:
+                    print(f"{job}: left behind: {item}", file=sys.stderr)
+            return 1 if any(left.values()) else 0
         elif a.cmd == "checkpoint":
             from trainyard.engine.export import export_checkpoint
 

@@ -43,6 +43,12 @@ class Estimator:
         max_run: int = DEFAULT_MAX_RUN,
         role: str | None = None,
         emulated_network: dict | None = None,
+        image_uri: str | None = None,
+        subnets: list[str] | None = None,
+        use_spot_instances: bool = False,
+        max_wait: int | None = None,
+        max_retry_attempts: int = 0,
+        boto_session=None,
     ):
         itype = catalog.lookup(instance_type)
         self.instance_type = instance_type
@@ -64,7 +70,8 @@ class Estimator:
             instance_count=instance_count,
             processes_per_host=itype.processes_per_host if processes_per_host is None else processes_per_host,
             distribution=distribution, environment=environment, checkpoint_s3_uri=checkpoint_s3_uri,
-            output_path=output_path, max_run=max_run, role=role,
+            output_path=output_path, max_run=max_run, role=role, image_uri=image_uri, subnets=subnets,
+            use_spot_instances=use_spot_instances, max_wait=max_wait, max_retry_attempts=max_retry_attempts,
         )
         if checkpoint_local_path is not None:
             fields["checkpoint_local_path"] = checkpoint_local_path
@@ -84,6 +91,7 @@ class Estimator:
                           processes_per_host=self._spec.processes_per_host)
         if kind == "module" and entry == BUILTIN_TRAINER:
             _check_builtin_hyperparameters(self._spec, typed)
+        self.boto_session = boto_session  # EC2 jobs: the boto3 Session to use (default: boto3.Session())
         self.latest_training_job = None
 
     # SageMaker-style read access to what was configured
@@ -100,8 +108,12 @@ class Estimator:
             return None
         return self.latest_training_job.describe().get("ModelArtifacts", {}).get("S3ModelArtifacts")
 
-    def fit(self, inputs=None, wait: bool = True, logs: bool = True, job_name: str | None = None):
-        """Check the inputs, package and upload the code, start the job; with `wait`, follow it to the end."""
+    def fit(self, inputs=None, wait: bool = True, logs: bool = True, job_name: str | None = None,
+            dry_run: bool = False):
+        """Check the inputs, package and upload the code, start the job; with `wait`, follow it to the end.
+
+        With `dry_run` (EC2 jobs), run the preflight checks, print the plan with its price and return it,
+        creating nothing."""
         from trainyard.sdk.inputs import to_channels
 
         channels = to_channels(inputs)
@@ -109,8 +121,17 @@ class Estimator:
         _check_job_name("job_name", name)
         spec = build_spec(**{**self._spec.model_dump(), "job_name": name, "channels": channels})
         if catalog.lookup(spec.instance_type).name != catalog.LOCAL:
-            raise ConfigError("instance_type", f"{spec.instance_type!r} needs the AWS backend, which is not "
-                                               "available yet; use instance_type='local'")
+            from trainyard.sdk.aws import backend
+
+            job = backend.launch(spec, upload_code=self._upload_code, session=self.boto_session, dry_run=dry_run)
+            if dry_run:
+                return job
+            self.latest_training_job = job
+            if wait:
+                job.wait(logs=logs)
+            return job
+        if dry_run:
+            raise ConfigError("dry_run", "a plan is for EC2 jobs; a local job creates nothing that costs money")
         from trainyard.sdk import local, storage
         from trainyard.sdk.jobstate import job_dir
         from trainyard.sdk.store import ensure_store
@@ -144,13 +165,13 @@ class Estimator:
 
     @classmethod
     def attach(cls, job_name: str) -> "Estimator":
-        """An Estimator bound to an existing local job, found by name (from any process)."""
-        from trainyard.sdk.local import LocalJob
+        """An Estimator bound to an existing job (local or EC2), found by name (from any process)."""
+        from trainyard.sdk.local import open_job
 
-        job = LocalJob(job_name)
+        job = open_job(job_name)
         est = cls.__new__(cls)
         est._spec = job.spec.model_copy(update={"job_name": None, "channels": ()})
-        est.source_dir, est._entry_file, est.code_location = None, None, None
+        est.source_dir, est._entry_file, est.code_location, est.boto_session = None, None, None, None
         est.instance_type = job.spec.instance_type
         est.base_job_name = job_name
         est.latest_training_job = job

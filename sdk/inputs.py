@@ -27,11 +27,29 @@ class TrainingInput:
     input_mode: str = "File"
 
 
+@dataclass(frozen=True, slots=True)
+class FileSystemInput:
+    """A channel read from FSx for Lustre (EC2 jobs): the file system is mounted on every host and the
+    channel's folder is `directory_path` in it. SageMaker's argument names."""
+
+    file_system_id: str
+    directory_path: str = "/"
+    file_system_type: str = "FSxLustre"
+    file_system_access_mode: str = "ro"
+
+    def uri(self, field: str) -> str:
+        if self.file_system_type != "FSxLustre":
+            raise ConfigError(field, f"file_system_type {self.file_system_type!r} is not supported; use 'FSxLustre'")
+        if self.file_system_access_mode not in ("ro", "rw"):
+            raise ConfigError(field, f"file_system_access_mode must be 'ro' or 'rw', got {self.file_system_access_mode!r}")
+        return f"fsx://{self.file_system_id}/{self.directory_path.strip('/')}".rstrip("/")
+
+
 def to_channels(inputs: object) -> list[Channel]:
     """`fit(inputs=...)` -> channels; each error names `inputs` or `inputs.<channel>`."""
     if inputs is None:
         return []
-    if isinstance(inputs, (str, TrainingInput)):
+    if isinstance(inputs, (str, TrainingInput, FileSystemInput)):
         inputs = {DEFAULT_CHANNEL: inputs}
     if not isinstance(inputs, dict):
         raise ConfigError("inputs", f"expected an s3:// or file:// URI, a TrainingInput, or a dict of channel name "
@@ -41,6 +59,8 @@ def to_channels(inputs: object) -> list[Channel]:
         field = f"inputs.{name}"
         if not isinstance(name, str):
             raise ConfigError("inputs", f"channel names must be strings, got {name!r}")
+        if isinstance(value, FileSystemInput):
+            value = TrainingInput(value.uri(field))
         if isinstance(value, str):
             value = TrainingInput(value)
         if not isinstance(value, TrainingInput):
@@ -49,7 +69,7 @@ def to_channels(inputs: object) -> list[Channel]:
             raise ConfigError(field, f"distribution {value.distribution!r} is not one of {list(DISTRIBUTIONS)}")
         if value.input_mode != "File":
             raise ConfigError(field, f"input_mode {value.input_mode!r} is not supported; use 'File'")
-        uri = check_storage_uri(field, value.s3_data)
+        uri = check_storage_uri(field, value.s3_data, ("s3", "file", "fsx"))
         if uri.startswith("file://") and not os.path.exists(uri[len("file://") :]):
             raise ConfigError(field, f"{uri} does not exist; check the path or upload the data first")
         try:

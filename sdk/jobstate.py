@@ -81,6 +81,24 @@ class Status:
         write_json(self.path, self.doc)
 
 
+def record_outcome(status: Status, spec, outcome: str, reason: str, *, artifacts: bool) -> str:
+    """Write a job's end into its status: `outcome` is Completed, Failed, Stopped or MaxRuntimeExceeded;
+    `artifacts` when the first host got as far as uploading. Returns TrainingJobStatus."""
+    from trainyard.sdk.storage import output_prefix
+
+    if artifacts:
+        status.update(ModelArtifacts={"S3ModelArtifacts": output_prefix(spec.output_path, spec.job_name) + "/model.tar.gz"})
+    if outcome == "MaxRuntimeExceeded":
+        reason = f"MaxRuntimeExceeded: the job ran longer than max_run={spec.max_run}s and was stopped"
+    if reason:
+        status.update(FailureReason=reason[:1024])
+    final = {"Completed": "Completed", "Failed": "Failed"}.get(outcome, "Stopped")
+    message = {"Completed": "Training job completed", "Failed": "Training job failed",
+               "Stopped": "Training job stopped", "MaxRuntimeExceeded": "Job stopped: max_run reached"}[outcome]
+    status.transition(outcome, message, status=final)
+    return final
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -76,6 +76,8 @@ class LogFollower:
 class LocalJob:
     """A handle on one local training job: `describe()`, `wait()`, `logs()`, `stop()`, `metrics()`."""
 
+    stop_timeout_s = STOP_TIMEOUT_S
+
     def __init__(self, job_name: str):
         self.name = job_name
         self.dir = job_dir(job_name)
@@ -179,8 +181,8 @@ class LocalJob:
         pid = self._supervisor_pid()
         if pid is not None and pid_alive(pid):
             os.kill(pid, signal.SIGTERM)
-        if wait and not wait_for(lambda: self.status() in TERMINAL, STOP_TIMEOUT_S, 0.1):
-            raise TimeoutError(f"job {self.name} did not stop within {STOP_TIMEOUT_S:.0f}s; see {self.dir}/logs")
+        if wait and not wait_for(lambda: self.status() in TERMINAL, self.stop_timeout_s, 0.1):
+            raise TimeoutError(f"job {self.name} did not stop within {self.stop_timeout_s:.0f}s; see {self.dir}/logs")
 
     def metrics(self) -> list[dict]:
         """The per-step metrics the job wrote to `$SM_OUTPUT_DATA_DIR/metrics.jsonl` (rank 0 of algo-1)."""
@@ -195,6 +197,16 @@ class LocalJob:
                 except ValueError:
                     pass  # a line being written right now
         return out
+
+
+def open_job(job_name: str) -> LocalJob:
+    """The handle of an existing job, local or EC2, by name (from any process)."""
+    runtime = f"{job_dir(job_name)}/runtime.json"
+    if os.path.exists(runtime) and read_json(runtime).get("backend") == "ec2":
+        from trainyard.sdk.aws.backend import Ec2Job
+
+        return Ec2Job(job_name)
+    return LocalJob(job_name)
 
 
 def _times(d: dict) -> dict:

@@ -51,7 +51,7 @@ class Channel(BaseModel):
     @field_validator("uri")
     @classmethod
     def _uri(cls, v: str) -> str:
-        return check_storage_uri("uri", v)
+        return check_storage_uri("uri", v, ("s3", "file", "fsx"))
 
 
 class EmulatedNetwork(BaseModel):
@@ -99,6 +99,16 @@ class JobSpec(BaseModel):
     max_run: int = DEFAULT_MAX_RUN
     role: str | None = None
     emulated_network: EmulatedNetwork | None = None
+    # EC2 jobs
+    image_uri: str | None = None
+    """The training image (ECR), whose entrypoint is the driver; EC2 jobs only."""
+    subnets: tuple[str, ...] = ()
+    """Subnets to launch in, tried in order on a capacity error; empty: a one-zone subnet is created."""
+    use_spot_instances: bool = False
+    max_wait: int | None = None
+    """Spot: seconds to wait for capacity and training together (>= max_run)."""
+    max_retry_attempts: int = 0
+    """Spot: how many times an interrupted job comes back on new capacity."""
 
     @field_validator("job_name")
     @classmethod
@@ -204,6 +214,37 @@ class JobSpec(BaseModel):
     def _code(cls, v: str | None) -> str | None:
         return None if v is None else check_storage_uri("code_uri", v)
 
+    @field_validator("subnets", mode="before")
+    @classmethod
+    def _subnets(cls, v: object) -> tuple:
+        if v is None:
+            return ()
+        if isinstance(v, str) or not all(isinstance(s, str) and re.match(r"^subnet-[0-9a-f]+$", s) for s in v):
+            raise ValueError(f"expected a list of subnet ids such as ['subnet-0abc...'], got {v!r}")
+        return tuple(v)
+
+    @field_validator("max_retry_attempts")
+    @classmethod
+    def _retries(cls, v: int) -> int:
+        if not 0 <= v <= 30:
+            raise ValueError(f"must be between 0 and 30, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _ec2(self) -> "JobSpec":
+        local = self.instance_type == catalog.LOCAL
+        given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait") if getattr(self, f)]
+        if local and given:
+            raise ValueError(f"{given[0]}: only for EC2 instance types; local jobs run in this Python environment")
+        fsx = [c.name for c in self.channels if c.uri.startswith("fsx://")]
+        if local and fsx:
+            raise ValueError(f"inputs.{fsx[0]}: FSx channels need an EC2 instance type; give an s3:// or file:// URI")
+        if self.max_wait is not None and not self.use_spot_instances:
+            raise ValueError("max_wait: only with use_spot_instances=True")
+        if self.use_spot_instances and (self.max_wait is None or self.max_wait < self.max_run):
+            raise ValueError(f"max_wait: spot jobs need max_wait >= max_run ({self.max_run} s), got {self.max_wait}")
+        return self
+
     @model_validator(mode="after")
     def _entry(self) -> "JobSpec":
         if self.entry_kind == "module" and not MODULE_NAME.match(self.entry_point):
@@ -252,6 +293,9 @@ def _config_error(e: ValidationError) -> ConfigError:
             field = "inputs" + field[len("channels") :]
         if err["type"] == "missing":
             msg = "required"
+        named = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S) if field == "job" else None
+        if named:  # a check across fields that names the one at fault
+            field, msg = named.groups()
         first_field = first_field or field
         messages.append(msg if field == first_field and not messages else f"{field}: {msg}")
     return ConfigError(first_field or "job", "; ".join(messages))

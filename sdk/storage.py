@@ -94,6 +94,12 @@ def list_files(uri: str) -> list[tuple[str, str, int]]:
     return sorted(out, key=lambda t: t[1])
 
 
+def shard(files: list, host_index: int, host_count: int, distribution: str) -> list:
+    """The objects of a channel (`list_files` order) that one host gets: all, or with ShardedByS3Key every
+    N-th in key order. Shared by the local backend's supervisor and the EC2 node agent."""
+    return files[host_index::host_count] if distribution == "ShardedByS3Key" else list(files)
+
+
 def download_tree(uri: str, dest: str, files: list[tuple[str, str, int]] | None = None) -> int:
     """Copy the objects under `uri` (or the given subset of `list_files(uri)`) into `dest`; returns bytes."""
     total = 0

@@ -16,10 +16,10 @@ import subprocess
 import sys
 import time
 
-from trainyard.container.contract import render_contract
+from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import RankFailure, root_cause
 from trainyard.sdk import storage
-from trainyard.sdk.jobstate import Status, now_iso, read_json, write_json
+from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 from trainyard.sdk.spec import JobSpec
 
 POLL_S = 0.1
@@ -147,11 +147,7 @@ class Supervisor:
                 master_port=self.runtime["master_port"], network_interface="eth0" if self.plan else "lo",
                 num_cpus=os.cpu_count(),
             )
-            for d in contract.dirs:
-                os.makedirs(f"{hostdir}/{d}", exist_ok=True)
-            for rel, text in contract.files.items():
-                with open(f"{hostdir}/{rel}", "w") as fh:
-                    fh.write(text)
+            write_contract(contract, hostdir)
 
     def stage_channels(self) -> None:
         spec = self.spec
@@ -162,8 +158,7 @@ class Supervisor:
             for i, host in enumerate(spec.hosts):
                 if self.stop_requested():
                     return
-                # ShardedByS3Key: host i gets every N-th object in key order
-                mine = files[i :: spec.instance_count] if ch.distribution == "ShardedByS3Key" else files
+                mine = storage.shard(files, i, spec.instance_count, ch.distribution)
                 n = storage.download_tree(ch.uri, f"{self.jobdir}/hosts/{host}/input/data/{ch.name}", mine)
                 _log(f"{host}: channel {ch.name}: {len(mine)} files, {n / 2**20:.1f} MiB from {ch.uri}")
 
@@ -302,17 +297,9 @@ class Supervisor:
                 self.network_down()
             except Exception as e:  # never lose the job's final status over a cleanup error
                 _log(f"warning: removing the emulated network failed: {e}")
-        model = storage.output_prefix(spec.output_path, spec.job_name) + "/model.tar.gz"
-        if os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json"):
-            st.update(ModelArtifacts={"S3ModelArtifacts": model})
-        if outcome == "MaxRuntimeExceeded":
-            reason = f"MaxRuntimeExceeded: the job ran longer than max_run={spec.max_run}s and was stopped"
-        if reason:
-            st.update(FailureReason=reason[:1024])
-        status = {"Completed": "Completed", "Failed": "Failed"}.get(outcome, "Stopped")
-        message = {"Completed": "Training job completed", "Failed": "Training job failed",
-                   "Stopped": "Training job stopped", "MaxRuntimeExceeded": "Job stopped: max_run reached"}[outcome]
-        st.transition(outcome, message, status=status)
+        artifacts = os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json")
+        status = record_outcome(st, spec, outcome, reason, artifacts=artifacts)
+        reason = st.doc.get("FailureReason", "")
         _log(f"job {spec.job_name}: {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
         return 0
 

@@ -43,10 +43,31 @@ def check_storage_uri(field: str, uri: object, schemes: tuple[str, ...] = ("s3",
         raise ConfigError(field, f"unsupported scheme {scheme}:// in {uri!r}; use one of {allowed}")
     if scheme == "s3":
         return check_s3_uri(field, uri)
+    if scheme == "fsx":
+        return check_fsx_uri(field, uri)
     path = uri[len("file://") :]
     if not path.startswith("/"):
         raise ConfigError(field, f"{uri!r} must be an absolute path: file:///absolute/path")
     return uri
+
+
+_FSX_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
+
+
+def check_fsx_uri(field: str, uri: str) -> str:
+    """`fsx://fs-0123456789abcdef0/directory`: an FSx for Lustre file system and a folder in it."""
+    fs_id, _, path = uri[len("fsx://"):].partition("/")
+    if not _FSX_ID.match(fs_id):
+        raise ConfigError(field, f"{uri!r}: {fs_id!r} is not an FSx file system id (fs- and 8 or 17 hex digits)")
+    if "//" in path or ".." in path.split("/"):
+        raise ConfigError(field, f"{uri!r}: the directory must be a plain path inside the file system")
+    return uri
+
+
+def split_fsx(uri: str) -> tuple[str, str]:
+    """`fsx://fs-0123/data/x` -> ("fs-0123", "/data/x")."""
+    fs_id, _, path = uri[len("fsx://"):].partition("/")
+    return fs_id, "/" + path.strip("/")
 
 
 def join(uri: str, *parts: str) -> str:

@@ -1,0 +1,146 @@
+"""A whole EC2 job against the moto server: `fit()` provisions, the test plays each instance's part, the
+detached controller follows the job to its end and tears everything down.
+
+Playing an instance: the test reads the user data the instances were launched with (from the launch
+template, as EC2 would hand it to cloud-init), takes its node-agent command (`agent_command`) and runs
+it here, with a fake IMDS per instance (launch index, instance id, spot notice) and the rendezvous on
+127.0.0.1 (moto's private addresses lead nowhere). Everything before that line (Lustre mount, ECR
+login, docker pull) is tested in tests/sdk/test_userdata.py.
+"""
+import base64
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+from trainyard import Estimator
+from trainyard.sdk.aws.userdata import agent_command
+from trainyard.sdk.local import free_port, open_job
+from tests.container.fake_imds import FakeImds
+
+from .conftest import IMAGE, Recorder, leftovers
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 3, "lr": 0.01,
+       "warmup_steps": 2}
+
+
+class Instances:
+    """Plays the part of a job's instances: one node agent (and fake IMDS) per launched instance."""
+
+    def __init__(self, job: str, root: str):
+        self.job, self.root = job, root
+        self.agents: list[subprocess.Popen] = []
+        self.imds: list[FakeImds] = []
+
+    def start(self, attempt: int, timeout: float = 120) -> None:
+        ec2 = boto3.client("ec2")
+        deadline = time.monotonic() + timeout
+        while True:  # the controller launches a later attempt in its own time
+            found = [i for r in ec2.describe_instances(Filters=[
+                {"Name": "tag:trainyard:job", "Values": [self.job]}, {"Name": "tag:trainyard:attempt", "Values": [str(attempt)]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert found, f"attempt {attempt} was never launched"
+        template = ec2.describe_launch_templates(Filters=[{"Name": "tag:trainyard:job", "Values": [self.job]}])
+        data = ec2.describe_launch_template_versions(
+            LaunchTemplateId=template["LaunchTemplates"][0]["LaunchTemplateId"], Versions=["$Latest"])
+        user_data = base64.b64decode(data["LaunchTemplateVersions"][0]["LaunchTemplateData"]["UserData"]).decode()
+        command = agent_command(user_data)
+        assert command[:3] == ["python", "-m", "trainyard.container.node"] and f"--attempt {attempt}" in " ".join(command)
+        port = free_port()
+        for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
+            imds = FakeImds(inst["AmiLaunchIndex"], inst["InstanceId"])
+            self.imds.append(imds)
+            root = f"{self.root}/attempt-{attempt}/{inst['InstanceId']}"
+            os.makedirs(root)
+            env = {**os.environ, "TRAINYARD_IMDS_ENDPOINT": imds.url, "TRAINYARD_MASTER_ADDR": "127.0.0.1",
+                   "TRAINYARD_MASTER_PORT": str(port), "TRAINYARD_SPOT_POLL_S": "0.5", "OMP_NUM_THREADS": "1"}
+            with open(f"{root}.log", "w") as log:
+                self.agents.append(subprocess.Popen([sys.executable, *command[1:], "--root", root], env=env,
+                                                    stdout=log, stderr=subprocess.STDOUT))
+
+    def interrupt(self) -> None:
+        for imds in self.imds:
+            imds.interrupt()
+
+    def stop(self) -> None:
+        for agent in self.agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait(timeout=30)
+        for imds in self.imds:
+            imds.stop()
+
+
+def _wait(job, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while job.status() == "InProgress" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return job.describe()
+
+
+def _estimator(account, **kw) -> Estimator:
+    return Estimator(entry_point="trainyard.engine.train", instance_type="ml.p4d.24xlarge", instance_count=2,
+                     processes_per_host=1, output_path="s3://ty-out/jobs", image_uri=IMAGE, role=account["role"],
+                     boto_session=Recorder().session, max_run=600, **kw)
+
+
+def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
+    est = _estimator(account, hyperparameters={**HPS, "steps": 4, "decay_steps": 4})
+    job = est.fit(wait=False, job_name="lifecycle")
+    instances = Instances("lifecycle", str(tmp_path))
+    try:
+        instances.start(attempt=1)
+        d = _wait(job)
+    finally:
+        instances.stop()
+    assert d["TrainingJobStatus"] == "Completed", (d.get("FailureReason"), job.logs()[-3000:])
+    seen = [t["Status"] for t in d["SecondaryStatusTransitions"]]
+    assert seen[:2] == ["Starting", "Provisioning"] and seen[-1] == "Completed"
+    assert [s for s in seen if s in ("Downloading", "Training", "Uploading")] == ["Downloading", "Training", "Uploading"]
+    logs = job.logs()  # mirrored from CloudWatch Logs by the controller
+    assert "[algo-1/0]" in logs and "[algo-2/1]" in logs and "step 4/4" in logs
+    bucket, key = d["ModelArtifacts"]["S3ModelArtifacts"][len("s3://"):].split("/", 1)
+    assert boto3.client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
+    assert leftovers("lifecycle") == {}
+    again = Estimator.attach("lifecycle").latest_training_job
+    assert type(again) is type(open_job("lifecycle")) and again.describe()["TrainingJobArn"].endswith(":training-job/lifecycle")
+    assert again.describe()["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge"
+
+
+def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account, tmp_path):
+    from trainyard.engine.checkpoint import list_steps
+
+    ckpt = "s3://ty-out/ckpt/spot"
+    est = _estimator(account, hyperparameters={**HPS, "steps": 400, "decay_steps": 400, "checkpoint_every": 2},
+                     checkpoint_s3_uri=ckpt, use_spot_instances=True, max_wait=1200, max_retry_attempts=1)
+    job = est.fit(wait=False, job_name="spot")
+    instances = Instances("spot", str(tmp_path))
+    try:
+        instances.start(attempt=1)
+        deadline = time.monotonic() + 240
+        while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert any(list_steps(ckpt).values()), job.logs()[-3000:]
+        instances.interrupt()  # the two-minute notice on both instances
+        instances.start(attempt=2, timeout=180)
+        deadline = time.monotonic() + 240
+        while "resumed from step" not in job.logs() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        logs = job.logs()
+        job.stop()
+    finally:
+        instances.stop()
+    assert "emergency checkpoint step" in logs, logs[-3000:]
+    saved = int(logs.split("emergency checkpoint step ")[1].split()[0])
+    assert f"resumed from step {saved} at {ckpt}" in logs
+    d = job.describe()
+    assert [t["Status"] for t in d["SecondaryStatusTransitions"]].count("Interrupted") == 1
+    assert d["TrainingJobStatus"] == "Stopped" and leftovers("spot") == {}
