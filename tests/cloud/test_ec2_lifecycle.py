@@ -9,6 +9,7 @@ login, docker pull) is tested in tests/sdk/test_userdata.py.
 """
 import base64
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,9 +72,12 @@ class Instances:
             imds.interrupt()
 
     def stop(self) -> None:
+        """What terminating the instances does: every process on them ends (the driver and training
+        processes run in process groups of their own, so the whole tree is found first)."""
+        from trainyard.sdk.supervisor import descendants, signal_all
+
         for agent in self.agents:
-            if agent.poll() is None:
-                agent.kill()
+            signal_all([agent.pid, *descendants(agent.pid)], signal.SIGKILL)
             agent.wait(timeout=30)
         for imds in self.imds:
             imds.stop()
@@ -138,8 +142,11 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
         job.stop()
     finally:
         instances.stop()
-    assert "emergency checkpoint step" in logs, logs[-3000:]
-    saved = int(logs.split("emergency checkpoint step ")[1].split()[0])
+    # the ranks stop together after a step and make sure it is checkpointed (an emergency save, or the
+    # regular one when that step had one), and the next attempt starts right after it
+    assert "SIGTERM: stopping after step " in logs, logs[-3000:]
+    saved = int(logs.split("SIGTERM: stopping after step ")[1].split()[0])
+    assert f"emergency checkpoint step {saved}" in logs or f"SIGTERM: step {saved} is already checkpointed" in logs
     assert f"resumed from step {saved} at {ckpt}" in logs
     d = job.describe()
     assert [t["Status"] for t in d["SecondaryStatusTransitions"]].count("Interrupted") == 1
