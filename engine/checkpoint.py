@@ -1,7 +1,7 @@
 """Checkpoints with torch.distributed.checkpoint (DCP) to an fsspec URI: `s3://bucket/prefix` or a path.
 
 Layout: one prefix per step, `<uri>/step-00000100/`, holding per rank `rank-NNNNN/__<rank>_0.distcp` (safetensors) and
-its checksum manifest `rank-NNNNN/__<rank>_0.checksums.json`, the model's shape `model.json`, and a
+its checksum manifest `rank-NNNNN/__<rank>.checksums.json`, the model's shape `model.json`, and a
 `.metadata` object that DCP's coordinator writes last (to `.metadata.tmp`, then renamed). `.metadata`
 is the commit marker: a step without it is an interrupted save and is never loaded. Resume (`resume`)
 lists the `step-*` prefixes (there is no pointer file to trust), loads the newest committed one while

@@ -3,7 +3,7 @@ reads is checked before its bytes are used, and nothing is unpickled beyond DCP'
 
 Write (`VerifiedWriter`, a DCP `FsspecWriter`): each rank writes one safetensors file under a key prefix
 of its own (`rank-00003/__3_0.distcp`: its shard of every tensor, keyed by name); every data file goes
-through a CRC-32 as it is written, and each rank then writes `rank-00003/__3_0.checksums.json`
+through a CRC-32 as it is written, and each rank then writes `rank-00003/__3.checksums.json`
 ({file: {"size", "crc32"}}) next to its files. DCP's coordinator writes `.metadata` (the commit marker)
 only after every rank's `write_data` returned, so a committed step always has its manifests.
 
@@ -40,6 +40,12 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.futures import Future
 
 MANIFEST_SUFFIX = ".checksums.json"
+
+
+def manifest_of(data_file: str) -> str:
+    """The manifest that records `data_file`: the rank's files are `rank-00003/__3_<k>.distcp`, its
+    manifest `rank-00003/__3.checksums.json`, so a reader fetches only the manifests of what it reads."""
+    return data_file.rsplit("_", 1)[0] + MANIFEST_SUFFIX
 METADATA_FILE = ".metadata"
 
 
@@ -164,8 +170,7 @@ class VerifiedWriter(FsspecWriter):
         future = super().write_data(plan, planner)
         future.wait()  # the base class writes synchronously; the manifest must follow the data
         if self.fs.written:
-            # named after this rank's first data file (`rank-00003/__3_0.distcp`), so ranks never collide
-            name = sorted(self.fs.written)[0].rsplit(".", 1)[0] + MANIFEST_SUFFIX
+            name = manifest_of(sorted(self.fs.written)[0])  # one per rank: ranks never collide
             with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as f:
                 f.write(json.dumps(self.fs.written, sort_keys=True).encode())
         return future
@@ -214,15 +219,17 @@ class _WholeFileReads(FileSystem):
     def __init__(self, inner: FileSystem, root: str, verify: bool) -> None:
         super().__init__()
         self.fs, self.root, self.verify = inner.fs, root, verify
-        self._recorded: dict[str, dict] | None = None
+        self._manifests: dict[str, dict[str, dict]] = {}
 
-    def recorded(self) -> dict[str, dict]:
-        if self._recorded is None:
-            self._recorded = {}
-            for entry in self.fs.find(os.fspath(self.root)):
-                if entry.endswith(MANIFEST_SUFFIX):
-                    self._recorded.update(json.loads(self.fs.cat(entry)))
-        return self._recorded
+    def recorded(self, name: str) -> dict | None:
+        """{"size", "crc32"} recorded for the data file `name` (relative to the step), or None."""
+        manifest = manifest_of(name)
+        if manifest not in self._manifests:
+            try:
+                self._manifests[manifest] = json.loads(self.fs.cat(os.path.join(os.fspath(self.root), manifest)))
+            except FileNotFoundError:
+                self._manifests[manifest] = {}
+        return self._manifests[manifest].get(name)
 
     @contextmanager
     def create_stream(self, path, mode: str):
@@ -247,7 +254,7 @@ class _WholeFileReads(FileSystem):
         if not self.verify:
             return
         name = _relative(path, self.root)
-        want = self.recorded().get(name)
+        want = self.recorded(name)
         if want is None:
             raise CheckpointDamaged(f"{self.root}: no checksum recorded for {name}")
         crc = zlib.crc32(data)
@@ -263,11 +270,14 @@ class SafeReader(FsspecReader):
     def __init__(self, path: str, *, verify: bool = True, **kwargs) -> None:
         super().__init__(path, **kwargs)
         self.fs = _WholeFileReads(self.fs, self.path, verify)
+        self._metadata: Metadata | None = None
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        metadata = read_metadata(self.fs, self.path)
+        if self._metadata is None:  # the caller's check and DCP's load read it once
+            self._metadata = read_metadata(self.fs, self.path)
+        metadata = self._metadata
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -362,16 +372,16 @@ def verify_step(path: str, storage_options: dict, *, rank: int = 0, world: int =
     needed: dict[str, int] = {}
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    recorded = fs.recorded()
     for i, (name, end) in enumerate(sorted(needed.items())):
         where = fs.concat_path(fs.root, name)
-        if name not in recorded:
+        want = fs.recorded(name)
+        if want is None:
             raise CheckpointDamaged(f"{path}: no checksum recorded for {name}")
         if not fs.fs.exists(os.fspath(where)):
             raise CheckpointDamaged(f"{path}: {name} is missing")
         size = fs.fs.size(os.fspath(where))
-        if size != recorded[name]["size"] or size < end:
-            raise CheckpointDamaged(f"{path}: {name} has {size} bytes, {recorded[name]['size']} were written")
+        if size != want["size"] or size < end:
+            raise CheckpointDamaged(f"{path}: {name} has {size} bytes, {want['size']} were written")
         if i % world == rank:
             with fs.create_stream(where, "rb"):  # reads the file whole and checks its CRC-32
                 pass

@@ -82,11 +82,12 @@ class DiskMirror:
             be = _backend()
             if bucket not in be.buckets:
                 if bucket in self.index:
-                    del self.index[bucket]
+                    dropped = {m["blob"] for m in self.index.pop(bucket).values()}
                     try:
                         os.remove(self._index_path(bucket))
                     except FileNotFoundError:
                         pass
+                    self._drop_unreferenced(dropped)
                 return
             old = self.index.get(bucket, {})
             new: dict[str, dict] = {}
@@ -109,6 +110,19 @@ class DiskMirror:
             self.index[bucket] = new
             if changed:
                 self._write_index(bucket)
+                self._drop_unreferenced({m["blob"] for m in old.values()} - {m["blob"] for m in new.values()})
+
+    def _drop_unreferenced(self, blobs: set[str]) -> None:
+        """Delete the blobs of deleted or overwritten objects that no other object shares (the disk
+        would otherwise keep every version until the next start)."""
+        if not blobs:
+            return
+        live = {m["blob"] for entries in self.index.values() for m in entries.values()}
+        for digest in blobs - live:
+            try:
+                os.remove(f"{self.root}/objects/{digest}")
+            except FileNotFoundError:
+                pass
 
     def _collect_garbage(self) -> None:
         live = {m["blob"] for entries in self.index.values() for m in entries.values()}

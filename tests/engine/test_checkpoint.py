@@ -98,7 +98,7 @@ def test_save_and_load_round_trip(uri):
 
     fs, root = fsspec.core.url_to_fs(ckpt.step_uri(uri, 3), **ckpt.storage_options(uri))
     assert sorted(p[len(root.rstrip("/")) + 1:] for p in fs.find(root)) == [
-        ".metadata", "model.json", "rank-00000/__0_0.checksums.json", "rank-00000/__0_0.distcp"]
+        ".metadata", "model.json", "rank-00000/__0.checksums.json", "rank-00000/__0_0.distcp"]
 
     fresh, fresh_opt, fresh_sched = _setup(seed=1)
     assert ckpt.load_checkpoint(uri, 3, fresh, fresh_opt, fresh_sched) == 3

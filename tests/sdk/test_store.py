@@ -53,3 +53,28 @@ def test_shared_between_processes_and_persistent(own_home):
     assert s3.get_object(Bucket="made-on-first-use", Key="big.bin")["Body"].read() == big
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="made-on-first-use")["Contents"]]
     assert sorted(keys) == ["a/b.txt", "big.bin"]
+
+
+def test_deleted_and_overwritten_objects_free_their_disk(own_home):
+    import os
+    import time
+
+    s3 = _client(store.ensure_store().url)
+    blobs = own_home / "store" / "objects"
+
+    def stored() -> int:
+        return len([n for n in os.listdir(blobs) if not n.endswith(".tmp")])
+
+    s3.put_object(Bucket="scratch", Key="a", Body=b"one")
+    s3.put_object(Bucket="keep", Key="same", Body=b"shared")
+    s3.put_object(Bucket="scratch", Key="same", Body=b"shared")  # one blob for both objects
+    assert stored() == 2
+    s3.put_object(Bucket="scratch", Key="a", Body=b"two")  # overwritten: the old bytes go
+    s3.delete_object(Bucket="scratch", Key="a")
+    s3.delete_object(Bucket="scratch", Key="same")
+    s3.delete_bucket(Bucket="scratch")
+    deadline = time.monotonic() + 10
+    while stored() != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stored() == 1  # what "keep" still holds
+    assert s3.get_object(Bucket="keep", Key="same")["Body"].read() == b"shared"
