@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# checkov pins an old boto3: it gets a virtualenv of its own (infra/checkov.sh creates it)
+CHECKOV := .venv-checkov/bin/checkov
 
-.PHONY: demo test test-fast bench install
+.PHONY: demo test test-fast bench install checkov
 
 install: $(STAMP)
 
@@ -20,11 +22,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+# without a package index the checkov virtualenv cannot be made; tests/infra then says so and skips
+$(CHECKOV):
+	-PYTHON=$(PYTHON) infra/checkov.sh --install-only
+
+test: $(STAMP) $(CHECKOV)
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow'
+
+checkov:
+	PYTHON=$(PYTHON) infra/checkov.sh
 
 bench: $(STAMP)
 	$(PY) bench/startup.py --json bench/results/startup.json

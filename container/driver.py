@@ -4,11 +4,15 @@
 
 1. reads `<root>/input/config/trainyard.json` and renders the contract again to get the SM_* environment;
 2. fetches the code (`sourcedir.tar.gz`) into `<root>/code`;
-3. runs the command built by `build_torchrun_command` (torchrun's own launcher, in this process, so that a
+3. sets the NCCL/EFA variables that the devices it finds call for (container/efa.py; the job's own values
+   win) and logs one line saying what it found and set;
+4. with `TRAINYARD_BANDWIDTH_PROBE=1` in the job's environment, runs the bandwidth probe
+   (container/probe.py) with torchrun first: same hosts and processes, its own rendezvous port;
+5. runs the command built by `build_torchrun_command` (torchrun's own launcher, in this process, so that a
    failure comes back as structured data: rank, exit code or signal), every rank's output prefixed `[algo-2/3]`;
-4. on failure writes `<root>/output/failure` (never over one the user wrote) naming host, rank, exit code or
+6. on failure writes `<root>/output/failure` (never over one the user wrote) naming host, rank, exit code or
    signal and the rank's last lines;
-5. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
+7. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
 
 With `checkpoint_s3_uri`, a user script's checkpoint folder is restored before it starts and synced while
 it runs and when it ends (`ckpt_sync.CheckpointSync`); the built-in trainer writes there itself.
@@ -21,16 +25,24 @@ import argparse
 import glob
 import json
 import os
+import signal
+import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 
+from trainyard.container import efa
 from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
 from trainyard.container.contract import JOB_FILE, render_contract, user_args
 from trainyard.container.failure import RankFailure, root_cause, tail
 
 TORCHRUN = ("-m", "torch.distributed.run")
+PROBE_MODULE = "trainyard.container.probe"
+PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
+# the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
+PROBE_TIMEOUT_S = 300.0
+PROBE_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for a probe past its time (torchrun stops its workers on SIGTERM)
 
 
 def build_torchrun_command(
@@ -61,6 +73,44 @@ def build_torchrun_command(
 
 def _say(host: str, msg: str) -> None:
     print(f"[{host}] driver: {msg}", flush=True)
+
+
+def configure_network(host: str, environ=None, detect=efa.detect) -> None:
+    """Add the NCCL/EFA variables the devices call for to `environ` (default: this process's) and log one
+    line: `[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0 ...`."""
+    environ = os.environ if environ is None else environ
+    try:
+        line = efa.configure(environ, detect())
+    except Exception as e:  # detection must never fail a job: NCCL then runs on its own defaults
+        line = f"EFA/NCCL detection failed ({type(e).__name__}: {e}); set nothing"
+    _say(host, line)
+
+
+def probe_requested(environ) -> bool:
+    return environ.get(PROBE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def probe_port(master_port: int, environ) -> int:
+    """The probe's rendezvous port: `TRAINYARD_PROBE_PORT`, or the one after the job's. Not the job's own:
+    a host that finished the probe early would otherwise reach the master's probe store, still closing,
+    instead of the training one."""
+    return int(environ.get("TRAINYARD_PROBE_PORT") or master_port + 1)
+
+
+def run_probe(cmd: list[str], cwd: str, timeout: float = PROBE_TIMEOUT_S) -> int | None:
+    """Run the probe's torchrun as a child in this process group (a stop of the driver's group reaches it).
+    Returns its exit status, or None when it ran past `timeout` and was stopped."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(PROBE_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return None
 
 
 def fetch_code(code_uri: str, code_dir: str) -> None:
@@ -177,7 +227,24 @@ def main(argv: list[str] | None = None) -> int:
             if restored:
                 _say(host, f"restored {restored} checkpoint file(s) from {spec.checkpoint_s3_uri}")
             sync.start()
+        configure_network(host)
         log_dir = a.log_dir or tempfile.mkdtemp(prefix="trainyard-torchrun-")
+        if probe_requested(os.environ):
+            if spec.world_size <= 1:
+                _say(host, "bandwidth probe skipped: the job has one process, nothing crosses a link")
+            else:
+                port = probe_port(job["master_port"], os.environ)
+                probe_cmd = build_torchrun_command(
+                    nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
+                    master_addr=job["master_addr"], master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
+                    args=[], log_dir=os.path.join(log_dir, "probe"),
+                )
+                timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
+                _say(host, f"bandwidth probe: {spec.world_size} process(es), rendezvous on port {port}")
+                probe_code = run_probe(probe_cmd, code_dir, timeout)
+                if probe_code != 0:
+                    why = f"ran past {timeout:.0f} s" if probe_code is None else f"exited with status {probe_code}"
+                    _say(host, f"bandwidth probe {why}; training starts all the same")
         cmd = build_torchrun_command(
             nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
             master_addr=job["master_addr"], master_port=job["master_port"], entry_point=spec.entry_point,

@@ -72,6 +72,8 @@ class LogShipper:
         self.dropped = 0  # lines pushed out of a full queue
         self.lost = 0  # lines whose batch CloudWatch refused
         self.shipped = 0
+        self._written = self._done = 0  # lines queued, lines shipped, lost or dropped: flush() waits on these
+        self._flush_now = False
         self._thread = threading.Thread(target=self._run, name="cloudwatch-logs", daemon=True)
 
     def ensure_stream(self) -> None:
@@ -100,6 +102,8 @@ class LogShipper:
             self._last_ts = max(self._last_ts, int(time.time() * 1000))
             if len(self._q) == self._q.maxlen:
                 self.dropped += 1
+                self._done += 1
+            self._written += 1
             self._q.append({"timestamp": self._last_ts, "message": clip_message(line)})
             if len(self._q) >= self.flush_lines:
                 self._cv.notify()
@@ -107,12 +111,16 @@ class LogShipper:
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stop or len(self._q) >= self.flush_lines, timeout=self.flush_s)
+                self._cv.wait_for(lambda: self._stop or self._flush_now or len(self._q) >= self.flush_lines,
+                                  timeout=self.flush_s)
                 events = list(self._q)
                 self._q.clear()
-                stop = self._stop
+                stop, self._flush_now = self._stop, False
             if events:
                 self._send(events)
+            with self._cv:
+                self._done += len(events)
+                self._cv.notify_all()
             if stop:
                 with self._cv:
                     if not self._q:
@@ -140,6 +148,16 @@ class LogShipper:
                 self.lost += len(batch)
                 print(f"[trainyard agent] {len(batch)} log lines not shipped to {self.group}/{self.stream}: {err}",
                       flush=True)
+
+    def flush(self, timeout: float = LOG_CLOSE_S) -> bool:
+        """Ship every line written so far now; False when `timeout` passed first."""
+        if not self._thread.is_alive():
+            return False
+        with self._cv:
+            target = self._written
+            self._flush_now = True
+            self._cv.notify_all()
+            return self._cv.wait_for(lambda: self._done >= target, timeout=timeout)
 
     def close(self, timeout: float = LOG_CLOSE_S) -> None:
         if self.dropped:

@@ -5,9 +5,11 @@
 Every instance of a job runs the same command (one RunInstances, identical user data); the instance
 metadata tells them apart. The agent
 
-1. asks IMDS (v2) for its launch index (host `algo-<index+1>`) and instance id, and reports `Starting`;
+1. asks IMDS (v2) for its instance id and launch index, takes its host index (host `algo-<index+1>`) from
+   its `trainyard:host-index` tag when it has one (Terraform's instances, each launched alone, all have
+   launch index 0), else the launch index, and reports `Starting`;
 2. reads the job's spec from `<state_uri>/spec.json` and finds its peers with DescribeInstances (tags
-   `trainyard:job`, `trainyard:attempt`); the master is the private address of launch index 0;
+   `trainyard:job`, `trainyard:attempt`); the master is the private address of host index 0;
 3. `Downloading`: copies the S3 channels into `<root>/input/data/<channel>` (ShardedByS3Key as the local
    backend shards), links FSx channels to the mounted file system, writes the SageMaker contract files;
 4. `Training`: runs the driver (`python -m trainyard.container.driver`) in its own process group, each
@@ -152,8 +154,32 @@ class Peer:
     private_ip: str | None
 
 
+def host_index(instance: dict) -> int:
+    """The host index of a DescribeInstances record: its `trainyard:host-index` tag when it has one
+    (instances launched one at a time, as Terraform does, all have launch index 0), else its AMI launch
+    index (all instances in one RunInstances, as the EC2 backend launches them)."""
+    from trainyard.sdk.aws.facts import HOST_INDEX_TAG
+
+    tag = next((t["Value"] for t in instance.get("Tags") or [] if t["Key"] == HOST_INDEX_TAG), None)
+    return int(tag) if tag is not None else int(instance.get("AmiLaunchIndex", 0))
+
+
+def own_host_index(ec2, instance_id: str, tries: int = 3, wait: float = 2.0) -> int:
+    """This instance's host index (see `host_index`), from DescribeInstances of its own id; retried, as
+    a just-launched instance may not be visible to the API yet."""
+    for attempt in range(tries):
+        try:
+            reply = ec2.describe_instances(InstanceIds=[instance_id])
+            break
+        except Exception:  # botocore's ClientError (InvalidInstanceID.NotFound) or a throttle
+            if attempt + 1 == tries:
+                raise
+            time.sleep(wait)
+    return host_index(reply["Reservations"][0]["Instances"][0])
+
+
 def list_peers(ec2, job_name: str, attempt: int) -> list[Peer]:
-    """The job's live instances of this attempt, by launch index."""
+    """The job's live instances of this attempt, by host index (`Peer.launch_index`: see `host_index`)."""
     from trainyard.sdk.aws.facts import TAG_KEY
 
     filters = [{"Name": f"tag:{TAG_KEY}", "Values": [job_name]},
@@ -163,7 +189,7 @@ def list_peers(ec2, job_name: str, attempt: int) -> list[Peer]:
     for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
         for res in page.get("Reservations", []):
             for i in res.get("Instances", []):
-                peers.append(Peer(i["InstanceId"], int(i.get("AmiLaunchIndex", 0)), i.get("PrivateIpAddress")))
+                peers.append(Peer(i["InstanceId"], host_index(i), i.get("PrivateIpAddress")))
     return sorted(peers, key=lambda p: (p.launch_index, p.instance_id))
 
 
@@ -180,7 +206,7 @@ def find_peers(ec2, job_name: str, attempt: int, count: int, *, timeout: float =
         indexes = [p.launch_index for p in seen]
         if len(seen) > count or len(set(indexes)) != len(indexes):
             raise RuntimeError(f"job {job_name} attempt {attempt}: {len(seen)} live instances "
-                               f"(launch indexes {indexes}) where {count} were launched")
+                               f"(host indexes {indexes}) where {count} were launched")
         if len(seen) == count and indexes == list(range(count)) and seen[0].private_ip:
             return seen
         if time.monotonic() + poll > deadline:
@@ -413,8 +439,9 @@ class Agent:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._on_signal)
         imds = Imds()
-        index = int(imds.require("/latest/meta-data/ami-launch-index"))
+        launch_index = int(imds.require("/latest/meta-data/ami-launch-index"))
         instance_id = imds.require("/latest/meta-data/instance-id")
+        index = own_host_index(self._client("ec2"), instance_id)  # the host-index tag, else the launch index
         local_ip = imds.get("/latest/meta-data/local-ipv4") or "?"
         self.host, self.instance_id = host_name(index), instance_id
         try:
@@ -426,8 +453,8 @@ class Agent:
                               self.say).start()
         code = 1
         try:
-            self.status.write("Starting", f"instance {instance_id} ({local_ip}), launch index {index}, "
-                                          f"attempt {self.attempt}")
+            self.status.write("Starting", f"instance {instance_id} ({local_ip}), host index {index} "
+                                          f"(launch index {launch_index}), attempt {self.attempt}")
             code = self._run(index)
         except Exception as e:
             interrupted = self._interrupted()
@@ -456,13 +483,13 @@ class Agent:
         if spec.job_name != self.job_name:
             raise ValueError(f"{self.state_uri}/spec.json is for job {spec.job_name!r}, not {self.job_name!r}")
         if index >= spec.instance_count:
-            raise ValueError(f"launch index {index} but the job has {spec.instance_count} instance(s)")
+            raise ValueError(f"host index {index} but the job has {spec.instance_count} instance(s)")
         deadline = time.monotonic() + spec.max_run  # even with no controller left, the instance ends
         peers = find_peers(self._client("ec2"), spec.job_name, self.attempt, spec.instance_count,
                            timeout=float(os.environ.get("TRAINYARD_PEER_WAIT_S", PEER_WAIT_S)), say=self.say,
                            stop=self._interrupted, wake=self._wake)
         if peers[index].instance_id != self.instance_id:
-            self.say(f"warning: DescribeInstances has {peers[index].instance_id} at launch index {index}, "
+            self.say(f"warning: DescribeInstances has {peers[index].instance_id} at host index {index}, "
                      f"IMDS says this is {self.instance_id}")
         master_addr = os.environ.get("TRAINYARD_MASTER_ADDR") or peers[0].private_ip
         master_port = int(os.environ.get("TRAINYARD_MASTER_PORT") or RDZV_PORT)
@@ -563,6 +590,8 @@ class Agent:
                 failure = fh.read(1024)
         except OSError:
             pass
+        if self.logs is not None:  # the final status tells the controller to read the logs: ship them first
+            self.logs.flush()
         if code == 0:
             self.status.write("Completed", "training completed", exit_code=0)
         elif why is not None and not why.startswith("MaxRuntimeExceeded"):

@@ -10,6 +10,12 @@
                                     into OUT/model.safetensors + OUT/config.json
     trainyard gc [--include-running] [--region R]
                                     delete the EC2 resources (tagged trainyard:job) that ended jobs left
+    trainyard image build [--context .] [--repository trainyard]
+                                    build the training image (tag from its content; skipped when built)
+    trainyard image push [--context .] [--repository trainyard] [--registry URI] [--region R]
+                                    build if needed and push to ECR (nothing when ECR has the tag)
+    trainyard render terraform ESTIMATOR_JSON OUT [--inputs JSON] [--job-name N] [--region R] ...
+                                    write the Terraform root module of the job an Estimator would run
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="trainyard", description="Trainyard local jobs and embedded store")
+    p = argparse.ArgumentParser(prog="trainyard", description="Trainyard: jobs (local and EC2), images, checkpoints, the embedded store")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("jobs", help="list local jobs")
     for name in ("describe", "stop"):
@@ -39,9 +45,38 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--include-running", action="store_true",
                    help="also jobs with running instances that no controller on this machine follows")
     g.add_argument("--region", default=None, help="default: the AWS configuration's region")
+    im = sub.add_parser("image", help="the training image: build it, push it to ECR")
+    im_sub = im.add_subparsers(dest="image_cmd", required=True)
+    ib = im_sub.add_parser("build", help="build the image of a Trainyard checkout (skipped when built already)")
+    ipu = im_sub.add_parser("push", help="build if needed, then push to ECR (skipped when ECR has the tag)")
+    for q in (ib, ipu):
+        q.add_argument("--context", default=".", help="the Trainyard repository root, the build context (default: .)")
+        q.add_argument("--repository", default="trainyard", help="image repository name (default: trainyard)")
+    ipu.add_argument("--registry", default=None,
+                     help="<account>.dkr.ecr.<region>.amazonaws.com/<repository> (default: ECR of the AWS "
+                          "configuration's account and region, repository --repository)")
+    ipu.add_argument("--region", default=None, help="default: the AWS configuration's region")
+    rd = sub.add_parser("render", help="render a job for another tool")
+    rd_sub = rd.add_subparsers(dest="render_cmd", required=True)
+    rt = rd_sub.add_parser("terraform", help="a Terraform root module (infra/modules) of the job an Estimator runs")
+    rt.add_argument("estimator", help="Estimator arguments as JSON (a file, or inline): entry_point, instance_type, "
+                                      "image_uri, output_path, hyperparameters, ...")
+    rt.add_argument("out", help="folder for the root module (created; files in it are overwritten)")
+    rt.add_argument("--inputs", default=None, help="fit()'s inputs as JSON (a file, or inline): a URI, or channel "
+                    "name to a URI, {\"s3_data\": ..., \"distribution\": ...} or {\"file_system_id\": ..., "
+                    "\"directory_path\": ...} (\"cluster\": the new cluster's file system)")
+    rt.add_argument("--job-name", default=None, help="default: base_job_name and the time")
+    rt.add_argument("--region", default=None, help="default: AWS_REGION, then AWS_DEFAULT_REGION")
+    rt.add_argument("--availability-zone-id", default=None, help="zone ID of the new cluster (use1-az6); "
+                                                                 "without it terraform asks")
+    rt.add_argument("--cluster-outputs", default=None, help="`terraform output -json` of an existing "
+                                                            "infra/modules/cluster (a file): no cluster is created")
+    rt.add_argument("--data-s3-uri", default=None, help="S3 prefix linked to the new cluster's FSx file system (/data)")
+    rt.add_argument("--fsx-mount", action="append", default=None, metavar="FS_ID=DNS:MOUNT",
+                    help="DNS and mount names of another FSx file system a channel reads (repeatable)")
     a = p.parse_args(argv)
 
-    from trainyard.sdk.errors import ConfigError, JobFailedError
+    from trainyard.sdk.errors import ConfigError, ImageError, JobFailedError
     from trainyard.sdk.local import open_job as LocalJob
 
     try:
@@ -88,6 +123,21 @@ def main(argv: list[str] | None = None) -> int:
                 for item in items:
                     print(f"{job}: left behind: {item}", file=sys.stderr)
             return 1 if any(left.values()) else 0
+        elif a.cmd == "render":
+            from trainyard.sdk.terraform import render_command
+
+            for path in render_command(a):
+                print(path)
+        elif a.cmd == "image":
+            from trainyard.sdk import image
+
+            if a.image_cmd == "build":
+                print(image.build(a.context, a.repository))
+            else:
+                import boto3
+
+                print(image.publish(a.context, a.repository, registry_uri=a.registry,
+                                    session=boto3.Session(region_name=a.region)))
         elif a.cmd == "checkpoint":
             from trainyard.engine.export import export_checkpoint
 
@@ -101,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainyard: {e}", file=sys.stderr)
         return 2
+    except ImageError as e:
+        print(f"trainyard: {e}", file=sys.stderr)
+        return 1
     except ValueError as e:
         print(f"trainyard: {e}", file=sys.stderr)
         return 2

@@ -20,3 +20,7 @@ class JobFailedError(RuntimeError):
         self.status = status
         self.reason = reason
         super().__init__(f"training job {job_name} {status}: {reason}")
+
+
+class ImageError(RuntimeError):
+    """Building or pushing the training image failed: no builder, the builder failed, a registry refused."""

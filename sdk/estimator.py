@@ -114,12 +114,9 @@ class Estimator:
 
         With `dry_run` (EC2 jobs), run the preflight checks, print the plan with its price and return it,
         creating nothing."""
-        from trainyard.sdk.inputs import to_channels
-
-        channels = to_channels(inputs)
-        name = job_name or f"{self.base_job_name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
-        _check_job_name("job_name", name)
-        spec = build_spec(**{**self._spec.model_dump(), "job_name": name, "channels": channels})
+        spec = self._job_spec(inputs, job_name)
+        channels = list(spec.channels)
+        name = spec.job_name
         if catalog.lookup(spec.instance_type).name != catalog.LOCAL:
             from trainyard.sdk.aws import backend
 
@@ -154,6 +151,43 @@ class Estimator:
         if wait:
             job.wait(logs=logs)
         return job
+
+    def _job_spec(self, inputs, job_name: str | None) -> JobSpec:
+        """The spec of one job: the Estimator's, named (`job_name`, or base_job_name and the time), with
+        the channels of `inputs`."""
+        from trainyard.sdk.inputs import to_channels
+
+        channels = to_channels(inputs)
+        name = job_name or f"{self.base_job_name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
+        _check_job_name("job_name", name)
+        return build_spec(**{**self._spec.model_dump(), "job_name": name, "channels": channels})
+
+    def to_terraform(self, path: str, inputs=None, *, job_name: str | None = None, region: str | None = None,
+                     availability_zone_id: str | None = None, cluster: dict | None = None,
+                     data_s3_uri: str | None = None, fsx_mounts: list[dict] | None = None) -> list[str]:
+        """Render the job `fit(inputs)` would run as a Terraform root module in `path`, using
+        infra/modules (see sdk/terraform.py for the folder and the arguments); returns the files written.
+
+        Nothing is uploaded or created: the code (when there is code to ship) is packaged into
+        `path/sourcedir.tar.gz` and its content-addressed `code_uri` goes into the spec; `terraform apply`
+        uploads it. The region defaults to `boto_session`'s, then AWS_REGION / AWS_DEFAULT_REGION."""
+        from trainyard.sdk import packaging, terraform
+        from trainyard.sdk.uris import join
+
+        spec = self._job_spec(inputs, job_name)
+        if catalog.lookup(spec.instance_type).name == catalog.LOCAL:
+            raise ConfigError("instance_type", "Terraform renders EC2 jobs: give an EC2 instance type such as "
+                                               "'ml.p5.48xlarge'")
+        archive = None
+        if not (spec.entry_kind == "module" and self.source_dir is None):
+            pkg = packaging.package(self.source_dir, self._entry_file)
+            spec = build_spec(**{**spec.model_dump(), "code_uri": join(self.code_location or spec.output_path, pkg.key)})
+            archive = pkg.data
+        if region is None and self.boto_session is not None:
+            region = self.boto_session.region_name
+        return terraform.render_root_module(spec, path, cluster=cluster, region=region,
+                                            availability_zone_id=availability_zone_id, data_s3_uri=data_s3_uri,
+                                            fsx_mounts=fsx_mounts, code_archive=archive)
 
     def _upload_code(self, spec: JobSpec) -> str | None:
         from trainyard.sdk import packaging

@@ -200,13 +200,13 @@ class Controller:
 
     def finish(self, outcome: str, reason: str) -> int:
         spec, st = self.spec, self.status
-        try:
-            self.mirror_logs()
-        except Exception as e:  # noqa: BLE001
-            _log(f"reading the last log lines failed: {e}")
         left = self.cluster.teardown()
         if left:
             _log("WARNING: left behind: " + "; ".join(left))
+        try:  # after the teardown: the nodes' last lines have had the time to arrive
+            self.mirror_logs()
+        except Exception as e:  # noqa: BLE001
+            _log(f"reading the last log lines failed: {e}")
         first = self.host_status(spec.hosts[0], self.runtime.get("attempt", 1)) or {}
         artifacts = first.get("phase") in ("Uploading", "Completed", "Failed")  # its driver uploads at the end
         status = record_outcome(st, spec, outcome, reason, artifacts=artifacts)

@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TAG_KEY = "trainyard:job"
+# An instance's host index (0-based: algo-<index+1>) when its AMI launch index cannot say it: Terraform
+# (infra/modules/job) launches each instance with a RunInstances of its own, so all have launch index 0.
+# The EC2 backend launches all N in one RunInstances and leaves the tag out: the launch index is right.
+HOST_INDEX_TAG = "trainyard:host-index"
 # IMDSv2 only; hop limit 2 so that a container on the instance (one more hop) reaches it
 IMDS_OPTIONS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"}
 # FSx for Lustre: its servers and clients talk on TCP 988 and 1018-1023

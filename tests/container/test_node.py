@@ -342,6 +342,17 @@ def test_log_shipper_ships_everything_in_order_and_the_tail_on_close(aws):
     assert shipper.shipped == 1235 and shipper.lost == 0 and shipper.dropped == 0
 
 
+def test_log_shipper_flush_ships_what_was_written_before_it_returns(aws):
+    logs = aws["logs"]
+    shipper = logship.LogShipper(logs, node.LOG_GROUP, "flush/algo-1", flush_s=60, flush_lines=10_000).start()
+    for i in range(50):
+        shipper.write(f"line {i}")
+    assert shipper.flush(timeout=30)  # long before the 60 s batch interval
+    assert _log_lines(aws, "flush/algo-1") == [f"line {i}" for i in range(50)]
+    shipper.close(timeout=30)
+    assert not shipper.flush(timeout=1)  # closed: nothing to wait for
+
+
 def test_peer_discovery_orders_by_launch_index_and_times_out_clearly(aws):
     ec2 = aws["ec2"]
     tags = lambda job, attempt: [{"ResourceType": "instance", "Tags": [
@@ -359,6 +370,33 @@ def test_peer_discovery_orders_by_launch_index_and_times_out_clearly(aws):
     with pytest.raises(TimeoutError, match=r"only 2 of 3 instances"):
         node.find_peers(ec2, "peers", 2, 3, timeout=0.5, poll=0.1, say=lambda m: None)
     assert time.monotonic() - t0 < 10
+
+
+def test_host_index_tag_orders_instances_launched_one_by_one(aws):
+    """Terraform launches each instance alone (launch index 0 for all): the trainyard:host-index tag
+    names the host; without the tag (the EC2 backend's one RunInstances) the launch index does."""
+    from trainyard.sdk.aws.facts import HOST_INDEX_TAG
+
+    ec2 = aws["ec2"]
+    ids = {}
+    for index in (2, 0, 1):  # launched out of order, one RunInstances each
+        tags = [{"Key": "trainyard:job", "Value": "tf-job"}, {"Key": "trainyard:attempt", "Value": "1"},
+                {"Key": HOST_INDEX_TAG, "Value": str(index)}]
+        inst = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
+                                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0]
+        assert inst["AmiLaunchIndex"] == 0
+        ids[index] = inst["InstanceId"]
+    peers = node.find_peers(ec2, "tf-job", 1, 3, timeout=5, poll=0.1)
+    assert [p.launch_index for p in peers] == [0, 1, 2]
+    assert [p.instance_id for p in peers] == [ids[0], ids[1], ids[2]]
+    assert [node.own_host_index(ec2, ids[i]) for i in range(3)] == [0, 1, 2]
+
+    untagged = ec2.run_instances(ImageId="ami-12c6146b", MinCount=2, MaxCount=2)["Instances"]
+    assert sorted(node.own_host_index(ec2, i["InstanceId"]) for i in untagged) == [0, 1]
+    assert node.host_index({"AmiLaunchIndex": 3, "Tags": [{"Key": "Name", "Value": "x"}]}) == 3
+    assert node.host_index({"AmiLaunchIndex": 0, "Tags": [{"Key": HOST_INDEX_TAG, "Value": "7"}]}) == 7
+    with pytest.raises(Exception):  # no such instance: retried, then the error surfaces
+        node.own_host_index(ec2, "i-0123456789abcdef0", tries=2, wait=0.01)
 
 
 def test_sharding_and_fsx_links(tmp_path):
