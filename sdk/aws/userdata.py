@@ -238,8 +238,11 @@ imds() {  # IMDSv2 GET of latest/<path>
 }
 report_failure() {  # the agent did not run: write this host's status object for it
   local code=$1 index instance host reason now
-  index=$(imds meta-data/ami-launch-index) || return 1
   instance=$(imds meta-data/instance-id) || return 1
+  # the host-index tag (instances Terraform launches one by one), else the launch index
+  index=$(aws ec2 describe-instances --region "$REGION" --instance-ids "$instance" --output text --query \
+    "Reservations[0].Instances[0].Tags[?Key=='trainyard:host-index'].Value | [0]" 2>/dev/null) || index=""
+  case "$index" in '' | None | *[!0-9]*) index=$(imds meta-data/ami-launch-index) || return 1 ;; esac
   host="algo-$((index + 1))"
   reason="$host user data: $step failed (exit $code); see $LOG_FILE on the instance"
   reason=${reason//[\"\\]/?}  # stays a JSON string

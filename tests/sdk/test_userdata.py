@@ -162,6 +162,7 @@ case "$name" in
   aws)
     case "$1 $2" in
       "ecr get-login-password") echo secret ;;
+      "ec2 describe-instances") echo "${HOST_INDEX_TAG:-None}" ;;
       "s3 cp") /bin/cat > "$SHIM_DIR/status.json"; echo "${@: -1}" > "$SHIM_DIR/status-uri" ;;
     esac ;;
   docker)
@@ -229,6 +230,14 @@ def test_a_failed_bootstrap_reports_failed_and_still_shuts_down(tmp_path):
     assert status["phase"] == "Failed" and status["exit_code"] == 1
     assert status["failure_reason"].startswith(f"algo-2 user data: pulling {ECR_IMAGE} failed (exit 1)")
     assert set(status) == {"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason"}
+
+
+def test_a_failure_report_names_the_host_by_its_host_index_tag(tmp_path):
+    # Terraform launches instances one by one (all launch index 0) and tags each with its host index
+    code, calls = _play(_render(), tmp_path, PULL_EXIT="1", HOST_INDEX_TAG="3")
+    status = json.loads((tmp_path / "shims/status.json").read_text())
+    assert status["host"] == "algo-4" and status["failure_reason"].startswith("algo-4 user data:")
+    assert (tmp_path / "shims/status-uri").read_text().strip().endswith("/hosts/algo-4/status.json")
 
 
 def test_an_image_without_the_agent_is_reported(tmp_path):
