@@ -181,7 +181,7 @@ def _fsx_sources(fsx_ids: list[str], existing: dict | None, given: list[dict] | 
             exprs.append("{ dns_name = module.cluster.fsx_dns_name, mount_name = module.cluster.fsx_mount_name }")
         elif existing is not None and fs in (CLUSTER_FSX, existing.get("fsx_file_system_id")):
             if not (existing.get("fsx_dns_name") and existing.get("fsx_mount_name")):
-                raise ConfigError("cluster", f"a channel reads the cluster's file system but the outputs have no "
+                raise ConfigError("cluster", "a channel reads the cluster's file system but the outputs have no "
                                              "fsx_dns_name and fsx_mount_name (a cluster without create_fsx?)")
             exprs.append(f"{{ dns_name = {_string(existing['fsx_dns_name'])}, "
                          f"mount_name = {_string(existing['fsx_mount_name'])} }}")

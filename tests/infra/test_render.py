@@ -266,49 +266,21 @@ def test_render_errors(tmp_path, monkeypatch):
     assert not os.listdir(tmp_path)  # nothing written before the checks passed
 
 
-def _cli_parser():
-    """The argparse lines of `trainyard render terraform` (sdk/cli.py wires the same)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="trainyard")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    rd = sub.add_parser("render", help="render a job for another tool")
-    rd_sub = rd.add_subparsers(dest="render_cmd", required=True)
-    rt = rd_sub.add_parser("terraform", help="a Terraform root module (infra/modules) of the job an Estimator runs")
-    rt.add_argument("estimator", help="Estimator arguments as JSON (a file, or inline): entry_point, instance_type, "
-                                      "image_uri, output_path, hyperparameters, ...")
-    rt.add_argument("out", help="folder for the root module (created; files in it are overwritten)")
-    rt.add_argument("--inputs", default=None, help="fit()'s inputs as JSON (a file, or inline): a URI, or channel "
-                    "name to a URI, {\"s3_data\": ..., \"distribution\": ...} or {\"file_system_id\": ..., "
-                    "\"directory_path\": ...} (\"cluster\": the new cluster's file system)")
-    rt.add_argument("--job-name", default=None, help="default: base_job_name and the time")
-    rt.add_argument("--region", default=None, help="default: AWS_REGION, then AWS_DEFAULT_REGION")
-    rt.add_argument("--availability-zone-id", default=None, help="zone ID of the new cluster (use1-az6); "
-                                                                 "without it terraform asks")
-    rt.add_argument("--cluster-outputs", default=None, help="`terraform output -json` of an existing "
-                                                            "infra/modules/cluster (a file): no cluster is created")
-    rt.add_argument("--data-s3-uri", default=None, help="S3 prefix linked to the new cluster's FSx file system (/data)")
-    rt.add_argument("--fsx-mount", action="append", default=None, metavar="FS_ID=DNS:MOUNT",
-                    help="DNS and mount names of another FSx file system a channel reads (repeatable)")
-    return p
-
-
-def test_render_command(tmp_path):
-    from trainyard.sdk.terraform import render_command
+def test_render_command(tmp_path, capsys):
+    from trainyard.sdk.cli import main
 
     est = tmp_path / "estimator.json"
     est.write_text(json.dumps({"entry_point": "trainyard.engine.train", "instance_type": "ml.p4d.24xlarge",
                                "instance_count": 2, "image_uri": IMAGE, "output_path": "s3://my-bucket/jobs",
                                "hyperparameters": HYPERPARAMETERS}))
     out = str(tmp_path / "out")
-    a = _cli_parser().parse_args([
+    assert main([
         "render", "terraform", str(est), out, "--job-name", "cli-job", "--region", "eu-west-1",
         "--availability-zone-id", "euw1-az1", "--data-s3-uri", "s3://my-data/x",
         "--inputs", '{"train": {"file_system_id": "cluster", "directory_path": "/data/t"}, '
                     '"ext": {"file_system_id": "fs-0fedcba9876543210"}, "raw": "s3://my-data/raw"}',
-        "--fsx-mount", f"fs-0fedcba9876543210={FSX_NAMES['dns_name']}:{FSX_NAMES['mount_name']}"])
-    files = render_command(a)
-    assert os.path.join(out, "main.tf") in files
+        "--fsx-mount", f"fs-0fedcba9876543210={FSX_NAMES['dns_name']}:{FSX_NAMES['mount_name']}"]) == 0
+    assert os.path.join(out, "main.tf") in capsys.readouterr().out.splitlines()
     with open(os.path.join(out, "spec.json")) as fh:
         spec = JobSpec.from_json(fh.read())
     assert spec.job_name == "cli-job" and spec.instance_type == "p4d.24xlarge" and spec.instance_count == 2
@@ -316,5 +288,5 @@ def test_render_command(tmp_path):
                                               "s3://my-data/raw"]
     local = _values(hcl.load(os.path.join(out, "main.tf"))["locals"][0])
     assert local["fsx"][1] == '${var.fsx_file_systems["fs-0fedcba9876543210"]}'
-    with pytest.raises(ConfigError, match="fsx_mount"):
-        render_command(_cli_parser().parse_args(["render", "terraform", str(est), out, "--fsx-mount", "nonsense"]))
+    assert main(["render", "terraform", str(est), out, "--fsx-mount", "nonsense"]) == 2
+    assert "fsx_mount" in capsys.readouterr().err
