@@ -11,7 +11,6 @@ import pytest
 from botocore.exceptions import ClientError
 
 from trainyard import Estimator
-from trainyard.sdk.aws.provision import find_tagged
 from trainyard.sdk.errors import ConfigError, JobFailedError
 
 from .conftest import IMAGE, Recorder, leftovers as _leftovers
