@@ -16,11 +16,13 @@ done
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${CHECKOV_VENV:-.venv-checkov}
+# pinned: a newer checkov brings new checks, which would turn a green tree red without a change of ours
+CHECKOV_VERSION=${CHECKOV_VERSION:-3.3.30}
 if [ ! -x "$VENV/bin/checkov" ]; then
   echo "checkov.sh: creating $VENV (pip install checkov)" >&2
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  "$VENV/bin/python" -m pip install --quiet checkov
+  "$VENV/bin/python" -m pip install --quiet "checkov==$CHECKOV_VERSION"
 fi
 if [ "${1:-}" = "--install-only" ]; then
   exit 0
