@@ -129,7 +129,13 @@ class Controller:
                     if reason.startswith("MaxRuntimeExceeded"):  # the node's own guard fired first
                         outcome = "MaxRuntimeExceeded"
                     break
-                if all(p == "Completed" for p in phases):
+                least = min(phases, key=PHASES.index) if all(p in PHASES for p in phases) else "Starting"
+                done = PHASES.index(secondary) if secondary in PHASES else 0
+                for phase in PHASES[done + 1:PHASES.index(least) + 1]:  # every node passed the ones between
+                    if phase in MESSAGES:
+                        self.status.transition(phase, MESSAGES[phase])
+                        secondary = phase
+                if least == "Completed":
                     outcome = "Completed"
                     break
                 interrupted = [h for h, d in docs.items() if d and d["phase"] == "Interrupted"]
@@ -146,12 +152,6 @@ class Controller:
                     attempt += 1
                     secondary = "Starting"
                     continue
-                least = min(phases, key=PHASES.index) if all(p in PHASES for p in phases) else "Starting"
-                done = PHASES.index(secondary) if secondary in PHASES else 0
-                for phase in PHASES[done + 1:PHASES.index(least) + 1]:  # every node passed the ones between
-                    if phase in MESSAGES:
-                        self.status.transition(phase, MESSAGES[phase])
-                        secondary = phase
                 if least == "Training" and training_started is None:
                     training_started = time.monotonic()
                 if training_started is not None and time.monotonic() - training_started > spec.max_run:
