@@ -81,9 +81,9 @@ class Status:
         write_json(self.path, self.doc)
 
 
-def record_outcome(status: Status, spec, outcome: str, reason: str, *, artifacts: bool) -> str:
-    """Write a job's end into its status: `outcome` is Completed, Failed, Stopped or MaxRuntimeExceeded;
-    `artifacts` when the first host got as far as uploading. Returns TrainingJobStatus."""
+def record_outcome(status: Status, spec, outcome: str, reason: str, *, artifacts: bool, log) -> str:
+    """Write a job's end into its status and say it with `log`: `outcome` is Completed, Failed, Stopped or
+    MaxRuntimeExceeded; `artifacts` when the first host got as far as uploading. Returns TrainingJobStatus."""
     from trainyard.sdk.storage import output_prefix
 
     if artifacts:
@@ -96,6 +96,7 @@ def record_outcome(status: Status, spec, outcome: str, reason: str, *, artifacts
     message = {"Completed": "Training job completed", "Failed": "Training job failed",
                "Stopped": "Training job stopped", "MaxRuntimeExceeded": "Job stopped: max_run reached"}[outcome]
     status.transition(outcome, message, status=final)
+    log(f"job {spec.job_name}: {final}" + (f": {reason.splitlines()[0]}" if reason else ""))
     return final
 
 

@@ -298,9 +298,7 @@ class Supervisor:
             except Exception as e:  # never lose the job's final status over a cleanup error
                 _log(f"warning: removing the emulated network failed: {e}")
         artifacts = os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json")
-        status = record_outcome(st, spec, outcome, reason, artifacts=artifacts)
-        reason = st.doc.get("FailureReason", "")
-        _log(f"job {spec.job_name}: {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
+        record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
         return 0
 
 

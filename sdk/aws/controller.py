@@ -209,9 +209,7 @@ class Controller:
             _log(f"reading the last log lines failed: {e}")
         first = self.host_status(spec.hosts[0], self.runtime.get("attempt", 1)) or {}
         artifacts = first.get("phase") in ("Uploading", "Completed", "Failed")  # its driver uploads at the end
-        status = record_outcome(st, spec, outcome, reason, artifacts=artifacts)
-        reason = st.doc.get("FailureReason", "")
-        _log(f"job {spec.job_name}: {status}" + (f": {reason.splitlines()[0]}" if reason else ""))
+        record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
         return 0
 
 
