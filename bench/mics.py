@@ -31,7 +31,7 @@ PPH, HOSTS, ACCUM, GLOBAL_BATCH = 2, 2, 4, 16
 def formula_inter(model: str, mics: dict) -> float:
     """docs/engine.md: inter-host bytes one rank sends per step (fp32; plus the trainer's 4-byte loss
     all-reduce over the world)."""
-    from trainyard.engine.model import MODEL_CONFIGS, build_model
+    from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model
 
     m = build_model(MODEL_CONFIGS[model])
     total = sum(p.numel() for p in m.parameters()) * 4

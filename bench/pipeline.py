@@ -3,7 +3,7 @@
     python bench/pipeline.py [--t-fwd-ms 50] [--steps 3] [--ranks 2,3,4] [--json PATH]
 
 For p = 2, 3, 4 pipeline ranks (one launch of p spawned processes per p, gloo on 127.0.0.1, one process
-group for every configuration) and m = p, 2p, 4p micro-batches, each schedule of `engine/pipeline.py`
+group for every configuration) and m = p, 2p, 4p micro-batches, each schedule of `engine/distributed/pipeline.py`
 (gpipe, 1f1b, interleaved_1f1b with v = 2 virtual stages) is built with `build_schedule` and stepped:
 1 warm-up step (shape inference), then `--steps` measured steps, each after a barrier; medians.
 
@@ -68,7 +68,7 @@ def _worker(rank: int, p: int, port: int, configs: list[tuple[str, int, int]], t
     import torch.distributed as dist
     from torch import nn
 
-    from trainyard.engine.pipeline import PipelineConfig, build_schedule, rank_stages
+    from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, rank_stages
 
     torch.set_num_threads(1)
 

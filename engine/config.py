@@ -12,8 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from trainyard.engine.data import TOKEN_DTYPES
-from trainyard.engine.model import MODEL_CONFIGS
+from trainyard.engine.components.data import TOKEN_DTYPES
+from trainyard.engine.models.llama.model import MODEL_CONFIGS
 
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -234,7 +234,7 @@ def reconcile_distribution(cfg: TrainConfig, distribution: dict, world_size: int
     global_batch_size / (micro_batch_size x data-parallel degree). The model's shape is checked against
     the tensor- and pipeline-parallel layout.
     """
-    from trainyard.engine.layout import check_pipeline, check_tp
+    from trainyard.engine.distributed.layout import check_pipeline, check_tp
 
     mp = distribution.get("mixed_precision")
     if mp:

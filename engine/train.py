@@ -18,19 +18,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainyard.engine import checkpoint as ckpt
+from trainyard.engine.components import checkpoint as ckpt
 from trainyard.engine.config import (TrainConfig, checkpoint_uri_from_contract, model_dir, output_data_dir,
                                      parse_hyperparameters, reconcile_distribution)
-from trainyard.engine.data import build_source, rank_rows
-from trainyard.engine.distributed import Dist, destroy_distributed, init_distributed
-from trainyard.engine.meter import CommMeter, model_state_bytes
-from trainyard.engine.mics import MiCSConfig, uses_hierarchy
-from trainyard.engine.model import MODEL_CONFIGS, build_model, count_parameters
-from trainyard.engine.optim import build_optimizer, build_scheduler
-from trainyard.engine.parallel import dims_from_distribution
-from trainyard.engine.parallelize import Parallelized, clip_grad_norm, forward_backward, loss_value, parallelize
-from trainyard.engine.pipeline import PipelineConfig
-from trainyard.engine.termination import Termination
+from trainyard.engine.components.data import build_source, rank_rows
+from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
+from trainyard.engine.components.meter import CommMeter, model_state_bytes
+from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
+from trainyard.engine.components.optim import build_optimizer, build_scheduler
+from trainyard.engine.distributed.dims import dims_from_distribution
+from trainyard.engine.distributed.parallelize import Parallelized, clip_grad_norm, forward_backward, loss_value, parallelize
+from trainyard.engine.distributed.pipeline import PipelineConfig
+from trainyard.engine.components.termination import Termination
 
 METRICS_FILE = "metrics.jsonl"
 

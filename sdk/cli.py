@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(image.publish(a.context, a.repository, registry_uri=a.registry,
                                     session=boto3.Session(region_name=a.region)))
         elif a.cmd == "checkpoint":
-            from trainyard.engine.export import export_checkpoint
+            from trainyard.engine.components.export import export_checkpoint
 
             if a.uri.startswith("s3://") and not os.environ.get("AWS_ENDPOINT_URL"):
                 from trainyard.sdk.store import ensure_store  # as local jobs do: s3:// is the embedded store

@@ -27,7 +27,7 @@ from typing import Any
 from trainyard.sdk.errors import ConfigError
 
 MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync")
-AC_MODES = ("none", "full", "selective")  # the same as trainyard.engine.ac (which imports torch)
+AC_MODES = ("none", "full", "selective")  # the same as trainyard.engine.distributed.ac (which imports torch)
 PRECISIONS = ("bf16", "fp32")
 SMP_PIPELINES = {"simple": "gpipe", "interleaved": "1f1b"}  # SMP v1 `pipeline` -> pipeline_schedule
 
@@ -98,7 +98,7 @@ def normalize(distribution: dict[str, Any], *, world_size: int, processes_per_ho
     r = mics.get("reshard_after_forward", True)
     if not isinstance(r, bool) and (not isinstance(r, int) or r < 1):
         raise ConfigError("distribution", f"reshard_after_forward must be true, false or an int >= 1, got {r!r}")
-    from trainyard.engine.parallel import ParallelDims
+    from trainyard.engine.distributed.dims import ParallelDims
 
     try:
         ParallelDims(dp_replicate=dp // p, dp_shard=p, tp=tp, pp=pp, world_size=world_size,
@@ -119,7 +119,7 @@ def normalize(distribution: dict[str, Any], *, world_size: int, processes_per_ho
             raise ConfigError("distribution", f"pipeline_split has {len(split)} entries; it needs one per stage: "
                                               f"pipeline_parallel_degree {pp} x virtual_stages {v} = {pp * v}")
         split = list(split)
-    from trainyard.engine.layout import check_pipeline
+    from trainyard.engine.distributed.layout import check_pipeline
 
     try:
         check_pipeline(pp=pp, schedule=schedule, virtual_stages=v, microbatches=m, split=split)

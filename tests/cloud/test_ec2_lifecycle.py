@@ -120,7 +120,7 @@ def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
 
 
 def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account, tmp_path):
-    from trainyard.engine.checkpoint import list_steps
+    from trainyard.engine.components.checkpoint import list_steps
 
     ckpt = "s3://ty-out/ckpt/spot"
     est = _estimator(account, hyperparameters={**HPS, "steps": 400, "decay_steps": 400, "checkpoint_every": 2},

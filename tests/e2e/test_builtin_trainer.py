@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainyard import Estimator
-from trainyard.engine.checkpoint import latest_committed_step, list_steps
+from trainyard.engine.components.checkpoint import latest_committed_step, list_steps
 from trainyard.sdk.cli import main as cli_main
 
 from .helpers import assert_no_processes_left, read_tar, store_client

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from trainyard import Estimator
-from trainyard.engine import checkpoint as ckpt
-from trainyard.engine.ckpt_io import verify_step
-from trainyard.engine.model import MODEL_CONFIGS, build_model, init_weights
-from trainyard.engine.optim import build_optimizer, build_scheduler
+from trainyard.engine.components import checkpoint as ckpt
+from trainyard.engine.components.ckpt_io import verify_step
+from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, init_weights
+from trainyard.engine.components.optim import build_optimizer, build_scheduler
 
 from .faulty_proxy import FaultyProxy
 

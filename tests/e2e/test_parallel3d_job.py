@@ -4,7 +4,7 @@ pipeline 3 (2 layers per stage), tensor parallel 2 and data parallel 2 (MiCS p=2
 import pytest
 
 from trainyard import Estimator
-from trainyard.engine.checkpoint import list_steps
+from trainyard.engine.components.checkpoint import list_steps
 
 from .helpers import assert_no_processes_left, read_tar, store_client
 

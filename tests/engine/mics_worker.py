@@ -14,13 +14,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainyard.engine.ac import apply_ac
-from trainyard.engine.data import SyntheticSource, micro_batches, rank_rows
-from trainyard.engine.mics import (HierarchicalAllGather, HierarchicalReduceScatter, MiCSConfig, apply_mics,
+from trainyard.engine.distributed.ac import apply_ac
+from trainyard.engine.components.data import SyntheticSource, micro_batches, rank_rows
+from trainyard.engine.distributed.mics import (HierarchicalAllGather, HierarchicalReduceScatter, MiCSConfig, apply_mics,
                                    sync_microbatch)
-from trainyard.engine.meter import CommMeter, model_state_bytes
-from trainyard.engine.model import ModelConfig, build_model, init_weights
-from trainyard.engine.parallel import ParallelDims
+from trainyard.engine.components.meter import CommMeter, model_state_bytes
+from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
+from trainyard.engine.distributed.dims import ParallelDims
 
 STEPS = 3
 CFG = ModelConfig(vocab_size=128, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=64)

@@ -13,13 +13,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainyard.engine.data import SyntheticSource, rank_rows
-from trainyard.engine.meter import CommMeter, model_state_bytes
-from trainyard.engine.mics import MiCSConfig
-from trainyard.engine.model import ModelConfig, build_model, init_weights
-from trainyard.engine.parallel import ParallelDims
-from trainyard.engine.parallelize import clip_grad_norm, forward_backward, parallelize, token_loss
-from trainyard.engine.pipeline import PipelineConfig
+from trainyard.engine.components.data import SyntheticSource, rank_rows
+from trainyard.engine.components.meter import CommMeter, model_state_bytes
+from trainyard.engine.distributed.mics import MiCSConfig
+from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
+from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.engine.distributed.parallelize import clip_grad_norm, forward_backward, parallelize, token_loss
+from trainyard.engine.distributed.pipeline import PipelineConfig
 
 STEPS = 2
 CFG = ModelConfig(vocab_size=128, dim=64, n_layers=4, n_heads=8, n_kv_heads=4, ffn_hidden=128, max_seq_len=64)
@@ -111,7 +111,7 @@ def _full_state(par, opt) -> dict[str, torch.Tensor]:
 def reshard(case: dict, pph: int) -> dict:
     """Train layout `source` for STEPS, checkpoint it, then load it into every layout of `targets`:
     the worst absolute difference of any model or optimizer tensor from the source's, per target."""
-    from trainyard.engine import checkpoint as ckpt
+    from trainyard.engine.components import checkpoint as ckpt
 
     def setup(layout):
         dims, par, data = build(layout, pph)

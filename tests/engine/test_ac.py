@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainyard.engine.ac import apply_ac
-from trainyard.engine.model import ModelConfig, build_model, init_weights
+from trainyard.engine.distributed.ac import apply_ac
+from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
 
 CFG = ModelConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=64, max_seq_len=32)
 

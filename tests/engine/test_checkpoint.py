@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from trainyard.engine import checkpoint as ckpt
-from trainyard.engine.model import Transformer, ModelConfig, init_weights
-from trainyard.engine.optim import build_optimizer, build_scheduler
+from trainyard.engine.components import checkpoint as ckpt
+from trainyard.engine.models.llama.model import Transformer, ModelConfig, init_weights
+from trainyard.engine.components.optim import build_optimizer, build_scheduler
 
 
 def _fake_step(uri: str, step: int, committed: bool) -> None:
@@ -171,7 +171,7 @@ def test_pickled_state_is_never_unpickled(tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from trainyard.engine.ckpt_io import CheckpointDamaged, SafeReader, read_metadata
+    from trainyard.engine.components.ckpt_io import CheckpointDamaged, SafeReader, read_metadata
 
     marker = tmp_path / "pwned"
     _Payload.marker = str(marker)
@@ -274,7 +274,7 @@ def test_purge_uncommits_a_step_before_deleting_its_files(tmp_path, monkeypatch)
 def test_export_consolidates_into_safetensors(tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from trainyard.engine.model import ModelConfig as Config
+    from trainyard.engine.models.llama.model import ModelConfig as Config
     from trainyard.sdk.cli import main
 
     uri = str(tmp_path / "ckpt")

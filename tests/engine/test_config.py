@@ -5,7 +5,7 @@ import pytest
 
 from trainyard.engine import train
 from trainyard.engine.config import TrainConfig, checkpoint_uri_from_contract, parse_hyperparameters
-from trainyard.engine.optim import lr_factor
+from trainyard.engine.components.optim import lr_factor
 
 
 def test_defaults():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainyard.engine.data import (SYNTHETIC_IDS, SyntheticSource, TokenFileSource, build_source, channel_dir, micro_batches,
+from trainyard.engine.components.data import (SYNTHETIC_IDS, SyntheticSource, TokenFileSource, build_source, channel_dir, micro_batches,
                                    rank_rows)
 
 

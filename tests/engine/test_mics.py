@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from trainyard.engine.mics import MiCSConfig, check_offload, uses_hierarchy
-from trainyard.engine.parallel import ParallelDims
+from trainyard.engine.distributed.mics import MiCSConfig, check_offload, uses_hierarchy
+from trainyard.engine.distributed.dims import ParallelDims
 
 from .launch import run_on_two_hosts
 

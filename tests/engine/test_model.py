@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainyard.engine.model import (MODEL_CONFIGS, ModelConfig, Transformer, apply_rope, build_model,
+from trainyard.engine.models.llama.model import (MODEL_CONFIGS, ModelConfig, Transformer, apply_rope, build_model,
                                     count_parameters, init_weights, param_seed)
 
 

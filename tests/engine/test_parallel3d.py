@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from trainyard.engine.layout import check_pipeline, check_tp, stage_layers
-from trainyard.engine.meter import CommMeter
-from trainyard.engine.model import MODEL_CONFIGS
-from trainyard.engine.parallel import ParallelDims, dims_from_distribution
-from trainyard.engine.pipeline import build_stage_model, rank_stages
+from trainyard.engine.distributed.layout import check_pipeline, check_tp, stage_layers
+from trainyard.engine.components.meter import CommMeter
+from trainyard.engine.models.llama.model import MODEL_CONFIGS
+from trainyard.engine.distributed.dims import ParallelDims, dims_from_distribution
+from trainyard.engine.distributed.pipeline import build_stage_model, rank_stages
 
 from .launch import run_on_two_hosts
 
@@ -140,8 +140,8 @@ def test_checkpoints_reshard_across_layouts(tmp_path):
     optimizer tensor identical."""
     import torch
 
-    from trainyard.engine import checkpoint as ckpt
-    from trainyard.engine.model import build_model, init_weights
+    from trainyard.engine.components import checkpoint as ckpt
+    from trainyard.engine.models.llama.model import build_model, init_weights
 
     from .parallel_worker import CFG, STEPS, optimizer
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from trainyard.engine import checkpoint as ckpt
+from trainyard.engine.components import checkpoint as ckpt
 
 # Spawned runs start torch in every process; on a 2-core machine 4 ranks take ~15 s.
 RUN_TIMEOUT_S = 300

@@ -18,12 +18,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from trainyard.engine.ac import apply_ac
-from trainyard.engine.mics import MiCSConfig, apply_mics, sync_microbatch
-from trainyard.engine.model import ModelConfig, Transformer, build_model, init_weights
-from trainyard.engine.parallel import ParallelDims
-from trainyard.engine.pipeline import PipelineConfig, build_schedule, build_stage_model, rank_stages
-from trainyard.engine.tp import apply_tp, loss_context
+from trainyard.engine.distributed.ac import apply_ac
+from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, sync_microbatch
+from trainyard.engine.models.llama.model import ModelConfig, Transformer, build_model, init_weights
+from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, build_stage_model, rank_stages
+from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
 
 
 class RankModel(nn.Module):

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from trainyard.engine.layout import check_pipeline, stage_layers
-from trainyard.engine.model import ModelConfig, Transformer, build_model
+from trainyard.engine.distributed.layout import check_pipeline, stage_layers
+from trainyard.engine.models.llama.model import ModelConfig, Transformer, build_model
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 

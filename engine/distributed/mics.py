@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-from trainyard.engine.parallel import ParallelDims
+from trainyard.engine.distributed.dims import ParallelDims
 
 
 @dataclass(kw_only=True, slots=True)

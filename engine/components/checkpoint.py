@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainyard.engine.ckpt_io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
+from trainyard.engine.components.ckpt_io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
 
 STEP_PREFIX = "step-"
 # Zero-padded to 8 digits so names sort in step order (100M steps is beyond any run).

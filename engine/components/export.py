@@ -19,7 +19,7 @@ MODEL_CONFIG_FILE = "model.json"  # written next to the shards by the save (see 
 
 def resolve_step(uri: str) -> tuple[str, int]:
     """(step prefix, step) for a checkpoint location or a step prefix."""
-    from trainyard.engine import checkpoint as ckpt
+    from trainyard.engine.components import checkpoint as ckpt
 
     match = re.search(rf"/{ckpt.STEP_PREFIX}(\d+)/?$", uri)
     if match:
@@ -37,8 +37,8 @@ def export_checkpoint(uri: str, out_dir: str) -> dict:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from trainyard.engine import checkpoint as ckpt
-    from trainyard.engine.ckpt_io import SafeReader
+    from trainyard.engine.components import checkpoint as ckpt
+    from trainyard.engine.components.ckpt_io import SafeReader
 
     step_path, step = resolve_step(uri)
     options = ckpt.storage_options(step_path)
