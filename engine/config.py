@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 
 from trainyard.engine.components.data import TOKEN_DTYPES
+from trainyard.engine.distributed.layout import check_pipeline, check_tp
+from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
 
 DTYPES = ("auto", "float32", "bfloat16")
@@ -23,7 +24,10 @@ class TrainConfig:
     """Hyperparameters of `python -m trainyard.engine.train`."""
 
     model: str = "10m"
-    """Model configuration, a key of MODEL_CONFIGS."""
+    """The built-in model's configuration (a key of MODEL_CONFIGS: tiny, 6l, 10m, and the published shapes
+    llama3.2-1b, llama3-8b, llama3-70b), or `hf`: the Hugging Face causal LM in channel `model_channel`."""
+    model_channel: str = "model"
+    """With model hf: the input channel holding config.json, optional safetensors weights and tokenizer.json."""
     steps: int = 20
     """Total optimizer steps of the run; a resumed run continues up to this step."""
     seed: int = 0
@@ -73,8 +77,8 @@ class TrainConfig:
     """Write the full weights to $SM_MODEL_DIR at the end."""
 
     def __post_init__(self) -> None:
-        if self.model not in MODEL_CONFIGS:
-            raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)}")
+        if self.model not in MODEL_CONFIGS and self.model != "hf":
+            raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)} or hf")
         for name in ("steps", "global_batch_size", "micro_batch_size", "seq_len", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -97,7 +101,7 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {self.token_dtype!r}")
-        if self.seq_len > MODEL_CONFIGS[self.model].max_seq_len:
+        if self.model in MODEL_CONFIGS and self.seq_len > MODEL_CONFIGS[self.model].max_seq_len:
             raise ValueError(
                 f"seq_len {self.seq_len} exceeds the max_seq_len {MODEL_CONFIGS[self.model].max_seq_len} "
                 f"of model {self.model!r}"
@@ -180,86 +184,41 @@ def parse_hyperparameters(argv: list[str]) -> TrainConfig:
     return TrainConfig(**values)
 
 
-# --- the container contract --------------------------------------------------------------------
-
-DEFAULT_INPUT_CONFIG_DIR = "/opt/ml/input/config"
-
-
-def checkpoint_uri_from_contract(env: dict | None = None) -> str:
-    """S3Uri of `$SM_INPUT_CONFIG_DIR/checkpointconfig.json`, or "" when absent."""
-    env = os.environ if env is None else env
-    path = os.path.join(env.get("SM_INPUT_CONFIG_DIR") or DEFAULT_INPUT_CONFIG_DIR, "checkpointconfig.json")
-    if not os.path.exists(path):
-        return ""
-    with open(path) as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-    uri = config.get("S3Uri") or ""
-    if not isinstance(uri, str):
-        raise ValueError(f"{path}: S3Uri must be a string, got {uri!r}")
-    return uri
-
-
-def output_data_dir(env: dict | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get("SM_OUTPUT_DATA_DIR") or "."
-
-
-def model_dir(env: dict | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get("SM_MODEL_DIR") or "model"
-
-
 _PRECISION_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def data_parallel_degree(distribution: dict, world_size: int) -> int:
-    """The ranks that see different data: the world over tensor- and pipeline-parallel degrees."""
-    tp = distribution.get("tensor_parallel_degree") or 1
-    pp = distribution.get("pipeline_parallel_degree") or 1
-    if world_size % (tp * pp):
-        raise ValueError(f"tensor_parallel_degree ({tp}) x pipeline_parallel_degree ({pp}) must divide the world "
-                         f"size {world_size}")
-    return world_size // (tp * pp)
-
-
-def reconcile_distribution(cfg: TrainConfig, distribution: dict, world_size: int) -> int:
-    """Apply the typed `distribution` to `cfg`, refusing contradictions (ValueError naming both sides);
+def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) -> int:
+    """Apply the parsed distribution `par` to `cfg`, refusing contradictions (ValueError naming both sides);
     returns the micro-batches per rank per step.
 
     mixed_precision sets dtype (which must be `auto` or the same); gradient_clipping sets max_grad_norm;
     gradient_accumulation_steps and microbatches (the pipeline's micro-batches) must both equal
-    global_batch_size / (micro_batch_size x data-parallel degree). The model's shape is checked against
-    the tensor- and pipeline-parallel layout.
+    global_batch_size / (micro_batch_size x data-parallel degree). The built-in model's shape is checked
+    against the tensor- and pipeline-parallel layout (an HF model's when it is built).
     """
-    from trainyard.engine.distributed.layout import check_pipeline, check_tp
-
-    mp = distribution.get("mixed_precision")
-    if mp:
-        want = _PRECISION_DTYPES[mp]
+    if par.mixed_precision:
+        want = _PRECISION_DTYPES[par.mixed_precision]
         if cfg.dtype not in ("auto", want):
-            raise ValueError(f"dtype {cfg.dtype!r} contradicts distribution mixed_precision {mp!r}; drop one")
+            raise ValueError(f"dtype {cfg.dtype!r} contradicts distribution mixed_precision {par.mixed_precision!r}; "
+                             "drop one")
         cfg.dtype = want
-    if distribution.get("gradient_clipping") is not None:
-        cfg.max_grad_norm = float(distribution["gradient_clipping"])
-    dp = data_parallel_degree(distribution, world_size)
+    if par.gradient_clipping is not None:
+        cfg.max_grad_norm = float(par.gradient_clipping)
+    dp = par.data_parallel_degree(world_size)
     accum = cfg.accumulation(dp)
     for key in ("gradient_accumulation_steps", "microbatches"):
-        s = distribution.get(key)
+        s = getattr(par, key)
         if s is not None and accum != s:
             raise ValueError(
                 f"distribution {key} {s} does not match global_batch_size ({cfg.global_batch_size}) / "
                 f"(micro_batch_size ({cfg.micro_batch_size}) x data-parallel degree ({dp})) = {accum}; set "
-                f"micro_batch_size to {max(1, cfg.global_batch_size // (dp * s))} or change global_batch_size"
-            )
-    mcfg = MODEL_CONFIGS[cfg.model]
-    check_tp(tp=distribution.get("tensor_parallel_degree") or 1, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads,
-             ffn_hidden=mcfg.ffn_hidden, vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
-    pp = distribution.get("pipeline_parallel_degree") or 1
-    if pp > 1:
-        check_pipeline(pp=pp, schedule=distribution.get("pipeline_schedule") or "1f1b",
-                       virtual_stages=distribution.get("virtual_stages") or 1, microbatches=accum,
-                       n_layers=mcfg.n_layers, split=distribution.get("pipeline_split"))
+                f"micro_batch_size to {max(1, cfg.global_batch_size // (dp * s))} or change global_batch_size")
+    if cfg.model in MODEL_CONFIGS:
+        mcfg = MODEL_CONFIGS[cfg.model]
+        check_tp(tp=par.tp, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads, ffn_hidden=mcfg.ffn_hidden,
+                 vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
+    if par.pp > 1:
+        check_pipeline(pp=par.pp, schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
+                       microbatches=accum, split=par.pipeline_split,
+                       n_layers=MODEL_CONFIGS[cfg.model].n_layers if cfg.model in MODEL_CONFIGS else None)
     return accum

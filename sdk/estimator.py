@@ -241,15 +241,17 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
 def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
     """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
     from trainyard.container.contract import user_args
-    from trainyard.engine.config import data_parallel_degree, parse_hyperparameters, reconcile_distribution
+    from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
+    from trainyard.engine.distributed.parallelism import Parallelism
 
+    par = Parallelism.parse(distribution)
     try:
         cfg = parse_hyperparameters(user_args(spec.hyperparameters))
-        cfg.accumulation(data_parallel_degree(distribution, spec.world_size))  # the batch splits over dp ranks
+        cfg.accumulation(par.data_parallel_degree(spec.world_size))  # the batch splits over dp ranks
     except ValueError as e:
         raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
     try:
-        reconcile_distribution(cfg, distribution, spec.world_size)
+        reconcile_distribution(cfg, par, spec.world_size)
     except ValueError as e:
         raise ConfigError("distribution", str(e)) from None
 

@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainyard.engine.components.ckpt_io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
@@ -149,14 +150,19 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 class ModelOptimState(Stateful):
     """Model and optimizer through DCP's state-dict API (FSDP2-aware, reshards on load)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
+        if self.optimizer is None:  # loading weights only: the model's entries alone are requested
+            return {"model": get_model_state_dict(self.model, options=_OPTIONS)}
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         return {"model": model_sd, "optim": to_tensors(optim_sd)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state_dict["model"], options=_OPTIONS)
+            return
         _, template = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                        optim_state_dict=from_tensors(state_dict["optim"], template), options=_OPTIONS)
@@ -220,11 +226,13 @@ class TrainerState(Stateful):
     integers and float32/float64 values involved); others (e.g. LambdaLR's lr_lambdas) are not saved.
     """
 
-    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler, step: int = 0) -> None:
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler | None, step: int = 0) -> None:
         self.scheduler, self.step = scheduler, step
 
     def _numeric_items(self) -> dict[str, Any]:
         out = {}
+        if self.scheduler is None:
+            return out
         for key, value in self.scheduler.state_dict().items():
             if isinstance(value, (bool, int, float)) or (
                 isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value)
@@ -238,6 +246,8 @@ class TrainerState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.step = int(state_dict["step"])
+        if self.scheduler is None:
+            return
         current = self.scheduler.state_dict()
         for key, tensor in state_dict["scheduler"].items():
             template = current[key]
@@ -246,6 +256,33 @@ class TrainerState(Stateful):
             else:
                 current[key] = type(template)(tensor.item())
         self.scheduler.load_state_dict(current)
+
+
+class ExtraState(Stateful):
+    """A user's extra values (numbers or tensors) under their keys; a load fills the given dict in place,
+    each value back in the type it has there."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if not isinstance(value, (torch.Tensor, bool, int, float)):
+                raise TypeError(f"extra[{key!r}] is a {type(value).__name__}; checkpoints hold numbers and tensors")
+        self.values = values
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
+                for k, v in self.values.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key, loaded in state_dict.items():
+            template = self.values[key]
+            self.values[key] = loaded if isinstance(template, torch.Tensor) else type(template)(loaded.item())
+
+
+def _state(model, optimizer, scheduler, step: int, extra: dict | None) -> dict[str, Stateful]:
+    state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
+    if extra:
+        state["extra"] = ExtraState(extra)
+    return state
 
 
 def _write_model_config(target: str, model: nn.Module) -> None:
@@ -262,11 +299,12 @@ def _write_model_config(target: str, model: nn.Module) -> None:
 
 
 def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler, *, keep_last: int = DEFAULT_KEEP_LAST) -> str:
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, keep_last: int = DEFAULT_KEEP_LAST,
+                    extra: dict | None = None) -> str:
     """Save synchronously to `<uri>/step-N` (a collective: every rank calls it); then rank 0 purges
     old steps. Returns the step's URI."""
     target = step_uri(uri, step)
-    state = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
+    state = _state(model, optimizer, scheduler, step, extra)
     # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
     writer = VerifiedWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
     _write_model_config(target, model)
@@ -293,13 +331,13 @@ class AsyncSaver:
         self.failed: list[int] = []
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: torch.optim.lr_scheduler.LRScheduler) -> float:
+             scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> float:
         """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
         import time
 
         start = time.perf_counter()
         self.wait()
-        state = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
+        state = _state(model, optimizer, scheduler, step, extra)
         writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
                                 **storage_options(self.uri))
         try:  # only rank 0 writes it: a failure here must not keep it out of the collective save
@@ -346,21 +384,23 @@ class AsyncSaver:
         return True
 
 
-def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler) -> int:
-    """Load step `step` from `uri` into model, optimizer and scheduler (a collective). Returns the step."""
+def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> int:
+    """Load step `step` from `uri` into model, optimizer, scheduler and `extra` (filled in place; a
+    collective). Returns the step."""
     target = step_uri(uri, step)
-    trainer = TrainerState(scheduler)
+    state = _state(model, optimizer, scheduler, 0, extra)
+    trainer = state["trainer"]
     reader = SafeReader(target, verify=True, **storage_options(uri))
     reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
-    dcp.load({"app": ModelOptimState(model, optimizer), "trainer": trainer}, storage_reader=reader)
+    dcp.load(state, storage_reader=reader)
     if trainer.step != step:
         raise ValueError(f"checkpoint {target} holds step {trainer.step}, expected {step}")
     return trainer.step
 
 
-def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-           scheduler: torch.optim.lr_scheduler.LRScheduler, warn=print) -> int | None:
+def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+           scheduler: torch.optim.lr_scheduler.LRScheduler | None, warn=print, *, extra: dict | None = None) -> int | None:
     """Load the newest committed step under `uri` that verifies (a collective); None when there is none.
 
     Each data file is checked against its manifest as it is read, so damage anywhere fails the load on
@@ -378,7 +418,7 @@ def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer,
     problems = []
     for step in steps:
         try:
-            return load_checkpoint(uri, step, model, optimizer, scheduler)
+            return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra)
         except (CheckpointDamaged, CheckpointException) as e:
             text = str(e)
             found = [line for line in text.splitlines() if "CheckpointDamaged" in line or "step-" in line]

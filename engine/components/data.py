@@ -8,17 +8,22 @@ Sources:
 - `synthetic`: arithmetic progressions modulo SYNTHETIC_IDS (random start and stride per row);
   learnable within ten steps, needs no files.
 - token files: a directory of `*.bin` files of little-endian token ids (uint16 or uint32),
-  concatenated in file-name order and memory-mapped; each row is a window at a random offset.
+  concatenated in file-name order and memory-mapped; each row is a window at a random offset
+  (`windows.TokenWindows`, the sampling shared with text).
+- text: a directory of `.jsonl` / `.txt` / `.parquet` files and no `*.bin` files, tokenized once with a
+  model's tokenizer.json into a cached token array, then sampled like token files (`text.TextSource`).
 """
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
+
+from trainyard.engine.components.text import TEXT_SUFFIXES, TextSource, default_cache_dir, text_files
+from trainyard.engine.components.windows import TokenWindows, check_shape, max_token, step_generator
 
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Synthetic strides are drawn from 1..MAX_STRIDE: small enough that a tiny model learns the rule
@@ -27,14 +32,6 @@ MAX_STRIDE = 16
 # Synthetic rows use only the first SYNTHETIC_IDS token ids, so the loss falls within a few steps (from
 # ln(vocab) towards ln(64) as the model learns which ids occur) before the stride rule is learnt.
 SYNTHETIC_IDS = 64
-# Token files are scanned for their largest id in chunks of this many tokens (bounded memory).
-_SCAN_CHUNK = 1 << 24
-
-
-def step_generator(seed: int, step: int) -> torch.Generator:
-    """A CPU generator that depends only on (seed, step)."""
-    # crc32 gives 32 bits, all that the CPU generator (mt19937) takes from a seed.
-    return torch.Generator(device="cpu").manual_seed(zlib.crc32(f"trainyard-data/{seed}/{step}".encode()))
 
 
 class Source(Protocol):
@@ -57,7 +54,7 @@ class SyntheticSource:
     """Token ids are in [0, vocab_size)."""
 
     def __post_init__(self) -> None:
-        _check_shape(self.global_batch_size, self.seq_len)
+        check_shape(self.global_batch_size, self.seq_len)
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
 
@@ -71,22 +68,21 @@ class SyntheticSource:
         return (start + pos * stride) % ids
 
 
-class TokenFileSource:
+class TokenFileSource(TokenWindows):
     """Windows of seq_len + 1 tokens from the concatenation of a directory's `*.bin` files."""
 
     def __init__(self, *, path: str, seed: int, global_batch_size: int, seq_len: int, vocab_size: int,
                  token_dtype: str = "uint16") -> None:
-        _check_shape(global_batch_size, seq_len)
+        check_shape(global_batch_size, seq_len)
         if token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {token_dtype!r}")
-        self.seed, self.global_batch_size, self.seq_len = seed, global_batch_size, seq_len
         dtype = TOKEN_DTYPES[token_dtype]
         if not os.path.isdir(path):
             raise ValueError(f"token directory {path} does not exist or is not a directory")
         names = sorted(n for n in os.listdir(path) if n.endswith(".bin"))
         if not names:
             raise ValueError(f"no *.bin token files in {path}")
-        self.files: list[np.ndarray] = []
+        files: list[np.ndarray] = []
         for name in names:
             file = os.path.join(path, name)
             size = os.path.getsize(file)
@@ -98,46 +94,15 @@ class TokenFileSource:
             if size == 0:
                 continue
             tokens = np.memmap(file, dtype=dtype, mode="r")
-            top = max(int(tokens[i:i + _SCAN_CHUNK].max()) for i in range(0, len(tokens), _SCAN_CHUNK))
+            top = max_token(tokens)
             if top >= vocab_size:
                 raise ValueError(
                     f"{file}: token id {top} >= vocab_size {vocab_size}; the files do not match the "
                     f"model's vocabulary (or token_dtype {token_dtype} is wrong)"
                 )
-            self.files.append(tokens)
-        self.starts = np.cumsum([0] + [len(f) for f in self.files])
-        self.total = int(self.starts[-1])
-        if self.total < seq_len + 1:
-            raise ValueError(
-                f"{path} holds {self.total} tokens in {len(names)} file(s); at least seq_len + 1 = "
-                f"{seq_len + 1} are needed"
-            )
-
-    def _window(self, offset: int, length: int) -> np.ndarray:
-        """`length` tokens from global position `offset`, crossing file boundaries if needed."""
-        out = np.empty(length, dtype=np.int64)
-        done = 0
-        i = int(np.searchsorted(self.starts, offset, side="right")) - 1
-        while done < length:
-            local = offset + done - int(self.starts[i])
-            take = min(length - done, len(self.files[i]) - local)
-            out[done:done + take] = self.files[i][local:local + take]
-            done += take
-            i += 1
-        return out
-
-    def global_batch(self, step: int) -> torch.Tensor:
-        gen = step_generator(self.seed, step)
-        n = self.seq_len + 1
-        offsets = torch.randint(0, self.total - n + 1, (self.global_batch_size,), generator=gen)
-        return torch.from_numpy(np.stack([self._window(int(o), n) for o in offsets]))
-
-
-def _check_shape(global_batch_size: int, seq_len: int) -> None:
-    if global_batch_size < 1:
-        raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+            files.append(tokens)
+        super().__init__(files, seed=seed, global_batch_size=global_batch_size, seq_len=seq_len,
+                         where=f"{path} ({len(names)} *.bin file(s))")
 
 
 def channel_dir(channel: str, env: dict | None = None) -> str:
@@ -151,12 +116,29 @@ def channel_dir(channel: str, env: dict | None = None) -> str:
 
 
 def build_source(dataset: str, *, seed: int, global_batch_size: int, seq_len: int, vocab_size: int,
-                 token_dtype: str = "uint16", env: dict | None = None) -> Source:
-    """`synthetic`, or the name of an input channel holding token files."""
+                 token_dtype: str = "uint16", env: dict | None = None, tokenizer_path: str | None = None) -> Source:
+    """`synthetic`, or the name of an input channel holding token files or text files.
+
+    A channel with `*.bin` files is read as token files; one with no `*.bin` file but text files
+    (.jsonl/.txt/.parquet, recursively) is tokenized with `tokenizer_path` (a tokenizer.json, or a model
+    directory holding one), which it then requires.
+    """
     if dataset == "synthetic":
         return SyntheticSource(seed=seed, global_batch_size=global_batch_size, seq_len=seq_len, vocab_size=vocab_size)
-    return TokenFileSource(path=channel_dir(dataset, env), seed=seed, global_batch_size=global_batch_size,
-                           seq_len=seq_len, vocab_size=vocab_size, token_dtype=token_dtype)
+    path = channel_dir(dataset, env)
+    has_bin = os.path.isdir(path) and any(n.endswith(".bin") for n in os.listdir(path))
+    texts = [] if has_bin or not os.path.isdir(path) else text_files(path)
+    if texts:
+        if tokenizer_path is None:
+            raise ValueError(
+                f"dataset {dataset!r}: {path} holds {len(texts)} text file(s) ({', '.join(TEXT_SUFFIXES)}) and no "
+                f"*.bin token files; tokenizing them needs a tokenizer: pass a model directory with tokenizer.json "
+                f"(tokenizer_path)"
+            )
+        return TextSource(path=path, tokenizer_path=tokenizer_path, seed=seed, global_batch_size=global_batch_size,
+                          seq_len=seq_len, vocab_size=vocab_size, cache_dir=default_cache_dir(env))
+    return TokenFileSource(path=path, seed=seed, global_batch_size=global_batch_size, seq_len=seq_len,
+                           vocab_size=vocab_size, token_dtype=token_dtype)
 
 
 def rank_rows(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Activation checkpointing per transformer block, applied before sharding.
 
-`apply_ac(model, "full")` recomputes every block's activations in backward instead of keeping them;
+`apply_ac(blocks, "full")` recomputes every block's activations in backward instead of keeping them;
 `"selective"` does it for every second block (half the recompute, about half the saving); `"none"` keeps
 everything. The block's forward is wrapped in place, so parameter names (which seed the weight init and
 key the checkpoints) do not change.
@@ -15,15 +15,14 @@ from torch.utils.checkpoint import checkpoint
 AC_MODES = ("none", "full", "selective")
 
 
-def apply_ac(model: nn.Module, mode: str) -> nn.Module:
+def apply_ac(blocks: list[nn.Module], mode: str) -> None:
+    """Checkpoint the activations of `blocks` (in forward order) as `mode` says."""
     if mode not in AC_MODES:
         raise ValueError(f"activation_checkpointing must be one of {list(AC_MODES)}, got {mode!r}")
     if mode == "none":
-        return model
-    blocks = list(model.layers.values()) if isinstance(model.layers, nn.ModuleDict) else list(model.layers)
+        return
     for i, block in enumerate(blocks):
         if mode == "full" or i % 2 == 0:
             # non-reentrant checkpointing composes with FSDP2: the block's parameters are gathered
             # again by its pre-backward hook before the recompute runs
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-    return model

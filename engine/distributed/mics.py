@@ -1,6 +1,6 @@
 """MiCS on FSDP2: partition-group sharding, hierarchical collectives, 2-hop gradient sync.
 
-`apply_mics(model, dims, config)` shards every transformer block and then the root with `fully_shard`
+`apply_mics(model, blocks, dims, config)` shards every block and then the root with `fully_shard`
 over the 2-D mesh `(dp_replicate, dp_shard)` of `ParallelDims`: model states are sharded inside a
 partition group of p = dp_shard ranks and replicated across the r = dp_replicate groups. Partition size
 1 is DDP, p = world is ZeRO-3; `reshard_after_forward=False` is ZeRO-2-like, an int is hpZ-like.
@@ -115,15 +115,15 @@ def uses_hierarchy(dims: ParallelDims, config: MiCSConfig) -> bool:
     return dims.shard_hosts > 1 and config.hierarchical is not False
 
 
-def apply_mics(model: nn.Module, dims: ParallelDims, config: MiCSConfig) -> nn.Module:
-    """Shard `model` (blocks in `model.layers`, then the root) over the partition groups of `dims`."""
+def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, config: MiCSConfig) -> nn.Module:
+    """Shard `model` over the partition groups of `dims`: each of `blocks` (the units gathered one at a time,
+    in forward order), then the root (what no block holds: embeddings, final norm, head)."""
     check_offload(config, dims.mesh.device_type)
     # one replica: plain 1-D sharding, so FSDP issues no all-reduce over groups of one
     mesh = dims.mesh["dp_shard"] if dims.dp_replicate == 1 else dims.dp_mesh()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype,
                                   reduce_dtype=config.reduce_dtype or config.param_dtype)
     offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
-    blocks = list(model.layers.values()) if isinstance(model.layers, nn.ModuleDict) else list(model.layers)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload,
                     reshard_after_forward=config.reshard_after_forward)

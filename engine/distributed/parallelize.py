@@ -1,149 +1,236 @@
-"""The composition of the engine's parallelisms, in the one order that works:
+"""The composition of the engine's parallelisms for any module its spec describes, in the one order that works:
 
-    pipeline split -> tensor/sequence parallelism -> activation checkpointing -> MiCS -> weights
+    pipeline cut -> tensor (and sequence) parallelism -> activation checkpointing -> MiCS -> weights
 
-on the mesh `(pp, dp_replicate, dp_shard, tp)` of `ParallelDims`, and the training step of the result:
-micro-batches through the pipeline schedule (or a plain loop without one), gradient sync, gradient
-clipping over every dimension, and the global-batch loss.
+on the mesh `(pp, dp_replicate, dp_shard, tp)` of `ParallelDims`; and the training step of the result:
+micro-batches through the pipeline schedule (or a plain loop with 2-hop gradient sync), gradient clipping
+over every mesh dimension, and the global-batch loss.
+
+Weights: a model with real weights keeps rank 0's values (broadcast before sharding); a model on the meta
+device is materialised after sharding and initialised layout-independently (`materialize`). With one
+data-parallel rank and no mixed precision nothing is wrapped for MiCS (no all-gather of one rank's shard).
 """
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from trainyard.engine.distributed.ac import apply_ac
-from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, sync_microbatch
-from trainyard.engine.models.llama.model import ModelConfig, Transformer, build_model, init_weights
 from trainyard.engine.distributed.dims import ParallelDims
-from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, build_stage_model, rank_stages
-from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
-
-
-class RankModel(nn.Module):
-    """Every piece of the model this rank holds, under the whole model's names (`layers.4...`), for the
-    optimizer, clipping and checkpoints. The pieces are shared with the pipeline stages, not copied."""
-
-    def __init__(self, parts: list[Transformer]) -> None:
-        super().__init__()
-        self.config = parts[0].config
-        self.tok_embeddings = next((p.tok_embeddings for p in parts if p.tok_embeddings is not None), None)
-        self.layers = nn.ModuleDict()
-        for part in parts:
-            for name, block in part.layers.items():
-                self.layers[name] = block
-        self.norm = next((p.norm for p in parts if p.norm is not None), None)
-        self.output = next((p.output for p in parts if p.output is not None), None)
+from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
+                                                      is_meta)
+from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, sync_microbatch
+from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, cut_stage, rank_stages
+from trainyard.engine.distributed.tp import apply_tp_plan
+from trainyard.engine.models.spec import ModelSpec
 
 
 @dataclass(kw_only=True)
 class Parallelized:
     dims: ParallelDims
-    parts: list[Transformer]
+    spec: ModelSpec
+    parts: list[nn.Module]
     """This rank's model pieces: the whole model without a pipeline, else one per stage it holds."""
     model: nn.Module
-    """The pieces as one module under the model's parameter names (the model itself without a pipeline)."""
-    schedule: object | None
-    """The pipeline schedule (None without a pipeline)."""
-    holds_first: bool
-    """Whether this rank holds the embedding (and so takes the token ids)."""
-    holds_last: bool
-    """Whether this rank holds the head (and so computes the loss)."""
+    """The pieces as one module under the model's parameter names (the piece itself when there is one)."""
+    stages: list[int]
+    num_stages: int
+    mics: MiCSConfig
+    pipeline: PipelineConfig | None = None
     two_hop: bool = True
+    sharded: bool = True
+    """Whether MiCS wrapped the model (FSDP2); False with one data-parallel rank and no mixed precision."""
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    _schedules: dict = field(default_factory=dict)
+
+    @property
+    def holds_first(self) -> bool:
+        return 0 in self.stages
+
+    @property
+    def holds_last(self) -> bool:
+        return self.num_stages - 1 in self.stages
+
+    def schedule(self, microbatches: int, loss_fn: Callable):
+        """The pipeline schedule for `microbatches` micro-batches and `loss_fn` (built once per pair)."""
+        key = (microbatches, loss_fn)
+        if key not in self._schedules:
+            config = PipelineConfig(schedule=self.pipeline.schedule, virtual_stages=self.pipeline.virtual_stages,
+                                    microbatches=microbatches, split=self.pipeline.split)
+            self._schedules[key] = build_schedule(self.parts, self.stages, self.num_stages,
+                                                  pp_group=self.dims.mesh.get_group("pp"), device=self.device,
+                                                  config=config, loss_fn=loss_fn)
+        return self._schedules[key]
 
 
-def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the tokens; with vocab-sharded DTensor logits (under `loss_context`) the
-    full logits are never gathered."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+class RankModel(nn.Module):
+    """Several pipeline stages of one rank as one module under the whole model's names (for the optimizer,
+    clipping and checkpoints): the stages' blocks and other parameter-owning modules are shared, not copied."""
+
+    def __init__(self, parts: list[nn.Module], blocks: list[nn.Module]) -> None:
+        super().__init__()
+        units = {id(b) for b in blocks}
+        for part in parts:
+            self._mirror(part, "", units)
+
+    def _mirror(self, module: nn.Module, path: str, units: set[int]) -> None:
+        for name, child in module.named_children():
+            if child is None:
+                continue
+            sub = f"{path}.{name}" if path else name
+            if id(child) in units or not any(True for _ in child.children()):
+                self._place(sub, child)
+            else:
+                if any(True for _ in child.parameters(recurse=False)):
+                    raise ValueError(f"{sub} owns parameters and has children: cannot mirror it across stages")
+                self._mirror(child, sub, units)
+
+    def _place(self, path: str, module: nn.Module) -> None:
+        owner = self
+        *parents, leaf = path.split(".")
+        for p in parents:
+            if p not in owner._modules:
+                owner.add_module(p, nn.Module())
+            owner = owner._modules[p]
+        owner.add_module(leaf, module)
 
 
-def parallelize(cfg: ModelConfig, dims: ParallelDims, *, seed: int, device: torch.device, ac: str = "none",
-                mics: MiCSConfig | None = None, pipeline: PipelineConfig | None = None,
-                seq_len: int | None = None, two_hop: bool = True) -> Parallelized:
-    """Build this rank's part of the model, parallelised over `dims` (whose mesh is built), with weights
-    identical to those of the unsharded model."""
-    mesh = dims.mesh
+def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device: torch.device,
+                mics: MiCSConfig | None = None, pipeline: PipelineConfig | None = None, ac: str = "none",
+                two_hop: bool = True, seed: int = 0, init: Callable[[nn.Module], None] | None = None) -> Parallelized:
+    """This rank's part of `model`, parallelised over `dims` (whose mesh is built)."""
     mics = mics or MiCSConfig()
-    if dims.pp > 1:
-        if pipeline is None:
-            raise ValueError(f"pipeline parallel degree {dims.pp} needs a PipelineConfig")
-        num_stages = dims.pp * pipeline.virtual_stages
-        stages = rank_stages(dims.coords(dist.get_rank())["pp"], dims.pp, pipeline.virtual_stages)
-        parts = [build_stage_model(cfg, s, num_stages, pipeline.split) for s in stages]
-    else:
-        num_stages, stages, parts = 1, [0], [build_model(cfg)]
-    for part in parts:
+    meta = is_meta(model)
+    if not meta:
+        broadcast_weights(model)
+    template = copy.deepcopy(model) if meta else None
+    if dims.tp > 1:
+        spec.check_tp(model, dims.tp)
+    stages, num_stages, parts = _cut(model, spec, dims, pipeline)
+    sharded = dims.dp > 1 or mics.param_dtype not in (None, torch.float32)
+    blocks_of = [spec.blocks(part) for part in parts]
+    for part, blocks in zip(parts, blocks_of):
+        if not meta and not sharded:
+            part.to(device)  # sharded: fully_shard moves each rank's shards to the mesh's device
         if dims.tp > 1:
-            apply_tp(part, mesh["tp"], seq_len=seq_len)
-        apply_ac(part, ac)
-        apply_mics(part, dims, mics)
-        init_weights(part, seed, device=device)
-    schedule = None
-    if dims.pp > 1:
-        schedule = build_schedule(parts, stages, num_stages, pp_group=mesh.get_group("pp"), device=device,
-                                  config=pipeline, loss_fn=token_loss)
-    model = parts[0] if len(parts) == 1 and dims.pp == 1 else RankModel(parts)
-    return Parallelized(dims=dims, parts=parts, model=model, schedule=schedule, holds_first=0 in stages,
-                        holds_last=num_stages - 1 in stages, two_hop=two_hop)
+            _apply_tp(part, spec, dims)
+        apply_ac(blocks, ac)
+        if sharded:
+            apply_mics(part, blocks, dims, mics)
+        if meta:
+            _materialise(part, spec, template, device, seed, init)
+    one = parts[0] if len(parts) == 1 else RankModel(parts, [b for bs in blocks_of for b in bs])
+    return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, mics=mics,
+                        pipeline=pipeline, two_hop=two_hop, sharded=sharded, device=device)
 
 
-def forward_backward(par: Parallelized, rows: torch.Tensor, microbatches: int) -> torch.Tensor:
-    """Forward and backward of this rank's `rows` (batch, seq + 1) in `microbatches` chunks, gradients left
-    reduced over the data-parallel ranks. Returns the sum over ranks that hold the head of their mean
-    loss (a tensor; zero elsewhere)."""
-    inputs, targets = rows[:, :-1], rows[:, 1:]
-    total = torch.zeros((), device=rows.device)
-    with loss_context(par.dims.tp):
-        if par.schedule is not None:
-            losses: list[torch.Tensor] = []
-            args = (inputs,) if par.holds_first else ()
-            par.schedule.step(*args, target=targets if par.holds_last else None,
-                              losses=losses if par.holds_last else None)
-            for loss in losses:
-                total += _plain(loss).detach() / microbatches
-            return total
-        model = par.parts[0]
-        for i, (x, y) in enumerate(zip(inputs.chunk(microbatches), targets.chunk(microbatches))):
-            # 2-hop: reduce-scatter inside the partition group every micro-batch, all-reduce across the
-            # replicas on the last one only (flat HSDP, two_hop False: both every micro-batch).
-            if isinstance(model, FSDPModule):
-                sync_microbatch(model, i, microbatches, two_hop=par.two_hop)
-            # Each micro-batch's mean / count: summed over micro-batches and averaged over the
-            # data-parallel ranks by the reduction, the gradient is that of the global-batch mean loss.
-            loss = token_loss(model(x), y) / microbatches
-            loss.backward()
-            total += _plain(loss).detach()
-    return total
+def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pipeline: PipelineConfig | None):
+    if dims.pp == 1:
+        return [0], 1, [model]
+    if spec.stages is None:
+        raise ValueError(f"pipeline_parallel_degree {dims.pp}: the engine cannot cut {spec.name} into stages (its "
+                         "forward is unknown); pipeline parallelism works for the built-in model and Hugging Face "
+                         "decoder-only causal LMs without tied embeddings; use tensor or MiCS sharding instead")
+    pipeline = pipeline or PipelineConfig(microbatches=dims.pp)
+    num_stages = dims.pp * pipeline.virtual_stages
+    stages = rank_stages(dims.coords(dist.get_rank())["pp"], dims.pp, pipeline.virtual_stages)
+    return stages, num_stages, [cut_stage(model, spec.stages, s, num_stages, pipeline.split) for s in stages]
 
 
-def _plain(t: torch.Tensor) -> torch.Tensor:
+def _apply_tp(part: nn.Module, spec: ModelSpec, dims: ParallelDims) -> None:
+    tp_mesh = dims.mesh["tp"]
+    if spec.apply_tp is not None:
+        spec.apply_tp(part, tp_mesh)
+        return
+    plan = spec.tp_plan(part)
+    if not plan:
+        raise ValueError(f"tensor_parallel_degree {dims.tp}: {spec.name} has no tensor-parallel plan; pass "
+                         "tp_plan={'fqn pattern': 'colwise'|'rowwise'|...} to transform()")
+    apply_tp_plan(part, tp_mesh, plan)
+
+
+def _materialise(part: nn.Module, spec: ModelSpec, template: nn.Module, device: torch.device, seed: int,
+                 init: Callable[[nn.Module], None] | None) -> None:
+    part.to_empty(device=device)
+    if init is None and spec.init_sharded is not None:
+        spec.init_sharded(part, seed)
+    else:
+        fn = init or (spec.init_module(template) if spec.init_module else None)
+        if fn is None:
+            raise ValueError(f"{spec.name} was built on the meta device and has no initialiser: pass init=fn")
+        init_by_module(part, template, seed, fn)
+    check_materialised(part)
+
+
+# --- the training step ------------------------------------------------------------------------------------
+
+def plain(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
+def sync_for(par: Parallelized, index: int, count: int) -> None:
+    """Gradient sync for micro-batch `index` of `count` (2-hop under MiCS; nothing unsharded)."""
+    for part in par.parts:
+        if isinstance(part, FSDPModule):
+            sync_microbatch(part, index, count, two_hop=par.two_hop)
+
+
+def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Tensor, microbatches: int,
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Forward and backward of this rank's `inputs`/`targets` in `microbatches` chunks along the batch, gradients
+    left reduced over the data-parallel ranks. Returns this rank's mean loss if it computes the loss (the last
+    pipeline stage), else zero, as a detached tensor."""
+    total = torch.zeros((), device=inputs.device)
+    with par.spec.loss_context(par.dims.tp):
+        if par.dims.pp > 1:
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if par.holds_first else ()
+            par.schedule(microbatches, loss_fn).step(*args, target=targets if par.holds_last else None,
+                                                     losses=losses if par.holds_last else None)
+            for loss in losses:
+                total += plain(loss).detach() / microbatches
+            return total
+        model = par.parts[0]
+        for i, (x, y) in enumerate(zip(inputs.chunk(microbatches), targets.chunk(microbatches))):
+            sync_for(par, i, microbatches)
+            # Each micro-batch's mean / count: summed over micro-batches and averaged over the data-parallel
+            # ranks by the reduction, the gradient is that of the global-batch mean loss.
+            loss = loss_fn(model(x), y) / microbatches
+            loss.backward()
+            total += plain(loss).detach()
+    return total
+
+
+def clip_grad_norm(model: nn.Module, dims: ParallelDims, max_norm: float) -> float:
     """Clip the gradients of the whole model (every stage, every shard) to `max_norm` in 2-norm; returns the
-    norm before clipping. Sharded gradients are DTensors, whose norm already covers their mesh; the
-    stages' squared norms are summed over the pipeline."""
-    grads = [p.grad for p in par.model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, 2.0) if grads else torch.zeros((), device=par.dims.mesh.device_type)
-    norm = _plain(norm).float()
-    if par.dims.pp > 1:
-        squared = norm.pow(2)
-        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=par.dims.mesh.get_group("pp"))
-        norm = squared.sqrt()
-    value = float(norm.item())
+    norm before clipping. Sharded gradients are DTensors whose norm covers their mesh; they are grouped by
+    mesh (TP-sharded and MiCS-only parameters live on different ones); the stages' squared norms are summed
+    over the pipeline."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    groups: dict = {}
+    for g in grads:
+        key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    squared = torch.zeros((), device=dims.mesh.device_type, dtype=torch.float32)
+    for group in groups.values():
+        squared += plain(torch.nn.utils.get_total_norm(group, 2.0)).float().pow(2)
+    if dims.pp > 1:
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=dims.mesh.get_group("pp"))
+    value = float(squared.sqrt().item())
     if math.isfinite(max_norm) and grads:
         # the coefficient torch.nn.utils.clip_grad_norm_ uses (1e-6 guards a zero norm)
         coef = min(1.0, max_norm / (value + 1e-6))
         if coef < 1.0:
-            torch._foreach_mul_(grads, coef)
+            for group in groups.values():
+                torch._foreach_mul_(group, coef)
     return value
 
 

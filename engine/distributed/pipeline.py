@@ -1,9 +1,11 @@
-"""Pipeline parallelism on `torch.distributed.pipelining`: stages cut from the decoder, and the schedules
-GPipe (all forwards, then all backwards), 1F1B and interleaved 1F1B.
+"""Pipeline parallelism on `torch.distributed.pipelining`: stages cut from any model its spec describes
+(`models.spec.StageSplit`), and the schedules GPipe (all forwards, then all backwards), 1F1B and
+interleaved 1F1B.
 
-The layers are cut into S = pp * v stages (`layout.stage_layers`: evenly, or by an explicit split). Stage
-s holds its blocks under their original names (`layers.7...`), the embedding when s = 0 and the final
-norm, head and loss when s = S - 1, so weight init and checkpoints see the same names as the whole model.
+The blocks are cut into S = pp * v stages (`layout.stage_layers`: evenly, or by an explicit split). Stage
+s holds its blocks under their original names (`layers.7...`), the modules before the blocks when s = 0 and
+those after them (final norm, head) and the loss when s = S - 1, so weight init and checkpoints see the
+same names as the whole model.
 Rank r of the pipeline holds stages r, r + pp, ..., r + (v-1) pp (the looped placement interleaved 1F1B
 needs; v = 1 for the other schedules).
 
@@ -18,6 +20,8 @@ Bubble, for p ranks, m micro-batches and v virtual stages with equal stage times
 """
 from __future__ import annotations
 
+import copy
+import types
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +29,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from trainyard.engine.distributed.layout import check_pipeline, stage_layers
-from trainyard.engine.models.llama.model import ModelConfig, Transformer, build_model
+from trainyard.engine.models.spec import StageSplit
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
@@ -47,20 +51,26 @@ def rank_stages(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     return [pp_rank + i * pp for i in range(virtual_stages)]
 
 
-def build_stage_model(cfg: ModelConfig, stage: int, num_stages: int, split: list[int] | None = None) -> Transformer:
-    """Stage `stage` of `num_stages`, on the meta device: its blocks, plus the embedding on the first stage
-    and the final norm and head on the last."""
-    keep = set(stage_layers(cfg.n_layers, num_stages, split)[stage])
-    model = build_model(cfg)
-    for name in list(model.layers):
-        if int(name) not in keep:
-            del model.layers[name]
-    if stage != 0:
-        model.tok_embeddings = None
-    if stage != num_stages - 1:
-        model.norm = None
-        model.output = None
-    return model
+def cut_stage(model: nn.Module, split: StageSplit, stage: int, num_stages: int,
+              counts: list[int] | None = None) -> nn.Module:
+    """Stage `stage` of `num_stages` of `model` (a copy; cheap on the meta device): its blocks under their
+    original names, the `first` modules on stage 0 only, the `last` ones on the final stage only."""
+    part = copy.deepcopy(model)
+    parent_path, _, attr = split.blocks.rpartition(".")
+    parent = part.get_submodule(parent_path) if parent_path else part
+    container = getattr(parent, attr)
+    items = list(container.items()) if isinstance(container, nn.ModuleDict) else \
+        [(str(i), b) for i, b in enumerate(container)]
+    keep = set(stage_layers(len(items), num_stages, counts)[stage])
+    setattr(parent, attr, nn.ModuleDict({k: b for i, (k, b) in enumerate(items) if i in keep}))
+    dropped = (split.first if stage != 0 else ()) + (split.last if stage != num_stages - 1 else ())
+    for path in dropped:
+        owner_path, _, name = path.rpartition(".")
+        setattr(part.get_submodule(owner_path) if owner_path else part, name, None)
+    if split.forward is not None:
+        # an instance attribute: module hooks (FSDP's) still run around it when the stage is called
+        part.forward = types.MethodType(split.forward, part)
+    return part
 
 
 def build_schedule(parts: list[nn.Module], stages: list[int], num_stages: int, *, pp_group, device: torch.device,

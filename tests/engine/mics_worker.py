@@ -53,8 +53,8 @@ def run(case: dict, pph: int) -> dict[str, torch.Tensor]:
                         processes_per_host=pph)
     dims.build_mesh("cpu")
     model = build_model(CFG)
-    apply_ac(model, case.get("ac", "none"))
-    apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"], cpu_offload=case.get("cpu_offload", False),
+    apply_ac(list(model.layers.values()), case.get("ac", "none"))
+    apply_mics(model, list(model.layers.values()), dims, MiCSConfig(hierarchical=case["hierarchical"], cpu_offload=case.get("cpu_offload", False),
                                        reshard_after_forward=case.get("reshard_after_forward", True)))
     init_weights(model, SEED, device="cpu")
     opt = optimizer(model)
@@ -101,7 +101,7 @@ def measure(case: dict, pph: int) -> dict:
     model = build_model(CFG)
     blocks_bytes = sum(p.numel() * 4 for p in model.layers.parameters())
     total_bytes = sum(p.numel() * 4 for p in model.parameters())
-    apply_mics(model, dims, MiCSConfig(hierarchical=case["hierarchical"]))
+    apply_mics(model, list(model.layers.values()), dims, MiCSConfig(hierarchical=case["hierarchical"]))
     init_weights(model, SEED, device="cpu")
     opt = optimizer(model)
     accum = case["accum"]

@@ -18,8 +18,10 @@ from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
 from trainyard.engine.distributed.dims import ParallelDims
-from trainyard.engine.distributed.parallelize import clip_grad_norm, forward_backward, parallelize, token_loss
+from trainyard.engine.distributed.parallelize import clip_grad_norm, forward_backward, parallelize
 from trainyard.engine.distributed.pipeline import PipelineConfig
+from trainyard.engine.models.llama.spec import spec_for
+from trainyard.engine.trainer import token_loss
 
 STEPS = 2
 CFG = ModelConfig(vocab_size=128, dim=64, n_layers=4, n_heads=8, n_kv_heads=4, ffn_hidden=128, max_seq_len=64)
@@ -55,10 +57,15 @@ def build(case: dict, pph: int):
     m = case["microbatches"]
     pipeline = PipelineConfig(schedule=case.get("schedule", "1f1b"), virtual_stages=case.get("v", 1),
                               microbatches=m) if pp > 1 else None
-    par = parallelize(CFG, dims, seed=SEED, device=torch.device("cpu"), ac=case.get("ac", "none"),
-                      mics=MiCSConfig(), pipeline=pipeline, seq_len=SEQ)
+    model = build_model(CFG)
+    par = parallelize(model, spec_for(model), dims, seed=SEED, device=torch.device("cpu"), ac=case.get("ac", "none"),
+                      mics=MiCSConfig(), pipeline=pipeline)
     data = SyntheticSource(seed=SEED, global_batch_size=dp * m, seq_len=SEQ, vocab_size=CFG.vocab_size)
     return dims, par, data
+
+
+def step_rows(par, rows, microbatches: int):
+    return forward_backward(par, rows[:, :-1], rows[:, 1:], microbatches, token_loss)
 
 
 def run(case: dict, pph: int) -> float:
@@ -66,8 +73,8 @@ def run(case: dict, pph: int) -> float:
     opt = optimizer(par.model.parameters())
     dp_rank = dims.coords(dist.get_rank())["dp"]
     for step in range(1, STEPS + 1):
-        forward_backward(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["microbatches"])
-        clip_grad_norm(par, CLIP)
+        step_rows(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["microbatches"])
+        clip_grad_norm(par.model, par.dims, CLIP)
         opt.step()
         opt.zero_grad()
     got = get_model_state_dict(par.model, options=StateDictOptions(full_state_dict=True))
@@ -86,7 +93,7 @@ def measure(case: dict, pph: int) -> dict:
     for step in (1, 2):
         meter.reset()
         with meter.active():
-            forward_backward(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["microbatches"])
+            step_rows(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["microbatches"])
         opt.step()
     state = torch.tensor([model_state_bytes(par.model, opt)["model_state_bytes"]], dtype=torch.float64)
     dist.all_reduce(state)
@@ -121,8 +128,8 @@ def reshard(case: dict, pph: int) -> dict:
     dims, par, data, opt, sched = setup(case["source"])
     dp_rank = dims.coords(dist.get_rank())["dp"]
     for step in range(1, STEPS + 1):
-        forward_backward(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["source"]["microbatches"])
-        clip_grad_norm(par, CLIP)
+        step_rows(par, rank_rows(data.global_batch(step), dp_rank, dims.dp), case["source"]["microbatches"])
+        clip_grad_norm(par.model, par.dims, CLIP)
         opt.step()
         sched.step()
         opt.zero_grad()

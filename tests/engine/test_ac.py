@@ -12,7 +12,7 @@ CFG = ModelConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ff
 def _grads(mode):
     model = build_model(CFG)
     init_weights(model, 1, device="cpu")
-    apply_ac(model, mode)
+    apply_ac(list(model.layers.values()), mode)
     tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
     F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
     return {n: p.grad for n, p in model.named_parameters()}
@@ -38,8 +38,8 @@ def test_recompute_happens_where_asked():
             return inner(*args, **kwargs)
 
         block.forward = counted
-    apply_ac(model, "selective")
+    apply_ac(list(model.layers.values()), "selective")
     model(torch.randint(0, 64, (1, 9))).sum().backward()
     assert calls == [2, 1, 2, 1]  # blocks 0 and 2 ran their forward again in backward
     with pytest.raises(ValueError, match="activation_checkpointing"):
-        apply_ac(model, "some")
+        apply_ac(list(model.layers.values()), "some")

@@ -8,7 +8,9 @@ from trainyard.engine.distributed.layout import check_pipeline, check_tp, stage_
 from trainyard.engine.components.meter import CommMeter
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
 from trainyard.engine.distributed.dims import ParallelDims, dims_from_distribution
-from trainyard.engine.distributed.pipeline import build_stage_model, rank_stages
+from trainyard.engine.distributed.pipeline import cut_stage, rank_stages
+from trainyard.engine.models.llama.model import build_model
+from trainyard.engine.models.llama.spec import spec_for
 
 from .launch import run_on_two_hosts
 
@@ -27,9 +29,11 @@ def test_stages_cut_layers_evenly_or_by_split():
 
 def test_stage_models_keep_the_whole_models_names():
     cfg = MODEL_CONFIGS["6l"]
-    first, middle, last = (build_stage_model(cfg, s, 3) for s in range(3))
+    whole = build_model(cfg)
+    split = spec_for(whole).stages
+    first, middle, last = (cut_stage(whole, split, s, 3) for s in range(3))
     names = [set(dict(m.named_parameters())) for m in (first, middle, last)]
-    assert set().union(*names) == set(dict(build_stage_model(cfg, 0, 1).named_parameters()))
+    assert set().union(*names) == set(dict(whole.named_parameters()))
     assert not names[0] & names[1] and not names[1] & names[2]
     assert "tok_embeddings.weight" in names[0] and "layers.2.attention.wq.weight" in names[1]
     assert "output.weight" in names[2] and "norm.weight" in names[2] and middle.tok_embeddings is None

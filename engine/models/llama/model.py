@@ -72,6 +72,16 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
     # ~10M parameters (9.96M): 2.1M in the untied embedding and head, 0.79M per block.
     # ffn_hidden 768 = 3 * dim, close to Llama's 8/3 * dim rounded up to a multiple of 256.
     "10m": ModelConfig(vocab_size=4096, dim=256, n_layers=10, n_heads=8, n_kv_heads=4, ffn_hidden=768, max_seq_len=2048),
+    # The published shapes of Meta's Llama 3 family (model cards and config.json of Llama 3.2 1B, Llama 3 8B
+    # and 70B): 128,256-token vocabulary, RoPE base 500,000, grouped-query attention with 8 key/value heads.
+    # Built on the meta device they cost no memory: for planning and layout checks. The built-in model does
+    # not tie its head to the embedding, so "llama3.2-1b" has 1.50B parameters where the tied original has 1.24B.
+    "llama3.2-1b": ModelConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_hidden=8192,
+                               max_seq_len=8192, rope_theta=500000.0),
+    "llama3-8b": ModelConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
+                             max_seq_len=8192, rope_theta=500000.0),
+    "llama3-70b": ModelConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
+                              max_seq_len=8192, rope_theta=500000.0),
 }
 
 

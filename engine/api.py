@@ -1,0 +1,314 @@
+"""The engine as a library: shard any `nn.Module` or Hugging Face causal LM with MiCS, tensor and pipeline
+parallelism, train it in the user's own loop, checkpoint it, export it.
+
+    ctx = init()                                   # process group + mesh from the job's distribution
+    model = transform(model)                       # TP -> AC -> MiCS per block -> root, weights kept or initialised
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    step = load_checkpoint(model, opt)             # newest verified committed step, resharded; 0 if none
+    for step in range(step + 1, steps + 1):
+        for i, mb in enumerate(micro_batches):     # this rank's rows: global_batch.chunk(ctx.dp_size)[ctx.dp_rank]
+            with accumulate(model, i, n):
+                (loss_fn(model, mb) / n).backward()
+        clip_grad_norm_(model, 1.0); opt.step(); opt.zero_grad()
+        save_checkpoint(model, opt, step)          # async, committed by .metadata, verified on load
+    save_model(model, os.environ["SM_MODEL_DIR"])  # HF models: loadable by from_pretrained
+
+With pipeline parallelism a rank holds only some stages, so the loop runs micro-batches through the
+schedule: `loss = forward_backward(model, inputs, targets, loss_fn, microbatches=n)` (which works for every
+layout). The context `init()` builds is the process's one current context (like torch.distributed's
+default group); every other call finds the model's layout on the model it returned.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainyard.engine.components import checkpoint as ckpt
+from trainyard.engine.components.contract import checkpoint_uri_from_contract
+from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.engine.distributed.mics import MiCSConfig
+from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.engine.distributed.parallelize import (Parallelized, clip_grad_norm, loss_value, parallelize, sync_for)
+from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
+from trainyard.engine.distributed.pipeline import PipelineConfig
+from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
+from trainyard.engine.models.hf import weights as hf_weights
+from trainyard.engine.models.registry import resolve_spec
+
+_LAYOUT = "_trainyard_layout"  # the attribute of a transformed model that holds its Parallelized
+_PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": None, "float32": None, None: None}
+
+
+@dataclass(kw_only=True)
+class Context:
+    """Where this process stands in the job and how the job lays out its model."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    processes_per_host: int
+    parallelism: Parallelism
+    dims: ParallelDims
+    _savers: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def dp_rank(self) -> int:
+        """Which slice of a global batch this rank takes (ranks of one TP/PP group share it)."""
+        return self.dims.coords(self.rank)["dp"]
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.dims.coords(self.rank)["tp"]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.dims.coords(self.rank)["pp"]
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def rows(self, global_batch: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch (its data-parallel slice)."""
+        if global_batch.shape[0] % self.dp_size:
+            raise ValueError(f"a global batch of {global_batch.shape[0]} rows does not split over {self.dp_size} "
+                             "data-parallel ranks; use a multiple of ctx.dp_size")
+        return global_batch.chunk(self.dp_size)[self.dp_rank]
+
+
+_current: Context | None = None
+
+
+def _job_distribution() -> dict:
+    import json
+
+    raw = os.environ.get("TRAINYARD_DISTRIBUTION") or "{}"
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TRAINYARD_DISTRIBUTION is not JSON ({e}): {raw[:200]!r}") from None
+
+
+def init(distribution: dict | Parallelism | None = None) -> Context:
+    """Join the job's process group (torchrun's variables; one plain process without them) and build the mesh
+    from `distribution` (any form `Parallelism.parse` accepts), else from the job's (`TRAINYARD_DISTRIBUTION`,
+    which the SDK sets). Calling it again returns the current context."""
+    global _current
+    par = distribution if isinstance(distribution, Parallelism) else \
+        Parallelism.parse(_job_distribution() if distribution is None else distribution)
+    if _current is not None:
+        if distribution is not None and par != _current.parallelism:
+            raise ValueError("init() was already called with another distribution; pass distribution= to "
+                             "transform() to lay one model out differently")
+        return _current
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    dims = par.dims(world_size=world, processes_per_host=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
+    d: Dist = init_distributed()
+    dims.build_mesh(d.device.type)
+    _current = Context(rank=d.rank, world_size=d.world_size, local_rank=d.local_rank, device=d.device,
+                       backend=d.backend, processes_per_host=d.processes_per_host, parallelism=par, dims=dims)
+    atexit.register(_wait_for_saves)
+    return _current
+
+
+def current() -> Context:
+    """The context of `init()` (calling init() with the job's distribution when nobody did)."""
+    return _current if _current is not None else init()
+
+
+def finish() -> None:
+    """Wait for checkpoints in flight and leave the process group (every rank calls it, at the end)."""
+    global _current
+    _wait_for_saves()
+    destroy_distributed()
+    _current = None
+
+
+def _wait_for_saves() -> bool:
+    ok = True
+    if _current is not None:
+        for saver in _current._savers.values():
+            ok = saver.wait() and ok
+    return ok
+
+
+def _layout(model: nn.Module) -> Parallelized:
+    par = getattr(model, _LAYOUT, None)
+    if par is None:
+        raise ValueError(f"{type(model).__name__} was not returned by trainyard.engine.transform(); call "
+                         "model = transform(model) first")
+    return par
+
+
+def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None, tp_plan: dict | None = None,
+              activation_checkpointing: str | None = None, mixed_precision: str | torch.dtype | None = None,
+              kernels=None, init: Callable[[nn.Module], None] | None = None, seed: int = 0) -> nn.Module:
+    """`model` ready to train on this rank, laid out on the job's mesh (or on `distribution`): pipeline stages,
+    tensor parallelism, activation checkpointing, MiCS sharding per block and the root, weights kept (rank 0's)
+    or, for a model on the meta device, initialised layout-independently by `init` (called on every module, as
+    `model.apply(init)`), `reset_parameters` or HF `_init_weights`, from `seed`."""
+    if kernels:
+        raise ValueError("kernels: this version of trainyard.kernels provides no kernels to swap in; pass "
+                         "kernels=None")
+    ctx = current()
+    par = ctx.parallelism if distribution is None else Parallelism.parse(distribution)
+    dims = ctx.dims if distribution is None else par.dims(world_size=ctx.world_size,
+                                                          processes_per_host=ctx.processes_per_host)
+    dims.build_mesh(ctx.device.type)
+    precision = mixed_precision if mixed_precision is not None else par.mixed_precision
+    if isinstance(precision, torch.dtype):
+        param_dtype = None if precision == torch.float32 else precision
+    elif precision in _PRECISIONS:
+        param_dtype = _PRECISIONS[precision]
+    else:
+        raise ValueError(f"mixed_precision must be 'bf16', 'fp32' or a torch dtype, got {precision!r}")
+    mics = MiCSConfig(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                      hierarchical=par.hierarchical_allgather, reshard_after_forward=par.reshard_after_forward)
+    pipeline = PipelineConfig(schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
+                              microbatches=par.microbatches or par.pp, split=par.pipeline_split) if par.pp > 1 else None
+    spec = resolve_spec(model, blocks=blocks, tp_plan=tp_plan)
+    result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
+                         ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
+                         seed=seed, init=init)
+    object.__setattr__(result.model, _LAYOUT, result)
+    return result.model
+
+
+@contextlib.contextmanager
+def accumulate(model: nn.Module, index: int, count: int):
+    """Around micro-batch `index` of `count`: the 2-hop gradient sync (reduce-scatter inside the partition
+    group every micro-batch, all-reduce across replicas on the last)."""
+    par = _layout(model)
+    if par.dims.pp > 1:
+        raise ValueError("with pipeline parallelism the schedule runs the micro-batches: call "
+                         "forward_backward(model, inputs, targets, loss_fn, microbatches=n) instead")
+    if not 0 <= index < count:
+        raise ValueError(f"micro-batch index {index} is outside 0..{count - 1}")
+    sync_for(par, index, count)
+    yield
+
+
+def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], *, microbatches: int = 1) -> float:
+    """Forward and backward of this rank's rows in `microbatches` chunks (through the pipeline schedule when
+    there is one), gradients reduced; returns the global-batch mean loss (a collective)."""
+    par = _layout(model)
+    total = _forward_backward(par, inputs, targets, microbatches, loss_fn)
+    return loss_value(total, par.dims)
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
+    """Clip the gradients of the whole model to `max_norm` (2-norm over every shard and stage); returns the
+    norm before clipping."""
+    par = _layout(model)
+    return clip_grad_norm(model, par.dims, max_norm)
+
+
+def _uri(uri: str | None, what: str) -> str:
+    uri = uri or checkpoint_uri_from_contract()
+    if not uri:
+        raise ValueError(f"{what}: no uri given and the job has no checkpoint location; pass uri='s3://...' or a "
+                         "path, or set checkpoint_s3_uri on the Estimator")
+    ckpt.validate_uri(uri)
+    return uri
+
+
+def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *, uri: str | None = None,
+                    extra: dict | None = None, scheduler=None, blocking: bool = False,
+                    keep_last: int = ckpt.DEFAULT_KEEP_LAST) -> float:
+    """Save step `step` (a collective): model, optimizer, `scheduler` and `extra` (numbers or tensors), to
+    `uri` (default: the job's checkpoint location). Asynchronous unless `blocking`: the call returns once the
+    state is staged in host memory (the seconds it blocked), at most one save in flight; committed by
+    `.metadata`, verified on load, older steps purged beyond `keep_last`."""
+    _layout(model)
+    uri = _uri(uri, "save_checkpoint")
+    ctx = current()
+    if blocking:
+        import time
+
+        t0 = time.perf_counter()
+        saver = ctx._savers.get(uri)
+        if saver is not None:
+            saver.wait()
+        ckpt.save_checkpoint(uri, step, model, optimizer, scheduler, keep_last=keep_last, extra=extra)
+        return time.perf_counter() - t0
+    saver = ctx._savers.get(uri)
+    if saver is None:
+        saver = ctx._savers[uri] = ckpt.AsyncSaver(uri, keep_last=keep_last,
+                                                   say=lambda m: print(m, flush=True) if ctx.is_main else None)
+    return saver.save(step, model, optimizer, scheduler, extra=extra)
+
+
+def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, uri: str | None = None,
+                    extra: dict | None = None, scheduler=None) -> int:
+    """Load the newest verified committed step under `uri` (default: the job's checkpoint location) into this
+    layout, resharding as needed (a collective); returns the step, 0 when there is none. `extra` is filled in
+    place with the values saved under its keys."""
+    _layout(model)
+    uri = _uri(uri, "load_checkpoint")
+    _wait_for_saves()
+    ctx = current()
+    step = ckpt.resume(uri, model, optimizer, scheduler, extra=extra,
+                       warn=lambda m: print(m, flush=True) if ctx.is_main else None)
+    return step or 0
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on rank 0's CPU, gathered from every shard and stage ({} on other ranks;
+    a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    par = _layout(model)
+    rank = dist.get_rank()
+    if par.dims.pp == 1:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if rank == 0 else {}
+    # each stage gathers its own weights; the first rank of every stage sends them to rank 0
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    coords = par.dims.coords(rank)
+    leader = coords["dp"] == 0 and coords["tp"] == 0
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, {k: v.cpu() for k, v in state.items()} if leader else None)
+    return {k: v for part in parts if part for k, v in part.items()} if rank == 0 else {}
+
+
+def save_model(model: nn.Module, path: str, *, max_shard_size: int = 5 * 2**30) -> None:
+    """The full weights, written by rank 0 to `path` (a directory or `s3://` prefix; a collective). A Hugging
+    Face model is written as `from_pretrained` loads it (config.json + safetensors, sharded with an index above
+    `max_shard_size` bytes); any other model as safetensors plus `trainyard_model.json`."""
+    par = _layout(model)
+    state = full_state_dict(model)
+    if dist.get_rank() == 0:
+        config = getattr(model, "config", None) if par.spec.name.startswith("hf:") else None
+        if config is not None:
+            config = copy.deepcopy(config)
+            config.architectures = [par.spec.name.removeprefix("hf:")]
+        tied = None
+        if config is not None and getattr(config, "tie_word_embeddings", False):
+            tied = dict(getattr(model, "_tied_weights_keys", None) or {})
+        hf_weights.write_pretrained(state, path, config=config, max_shard_size=max_shard_size, tied=tied)
+    dist.barrier()
+
+
+def load_pretrained(model: nn.Module, path_or_uri: str, *, strict: bool = True) -> dict:
+    """Safetensors weights (one file, or shards with `model.safetensors.index.json`; a directory or `s3://`)
+    into a transformed model, each rank reading only the byte ranges of its own shards (a collective on
+    entry and exit). Returns what this rank read."""
+    _layout(model)
+    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict)
+    dist.barrier()
+    return report

@@ -1,0 +1,26 @@
+"""The built-in Llama-style `Transformer` as a registered spec: blocks `layers.*`, Megatron-style TP with
+sequence parallelism and a vocab-parallel loss (`tp_plan.py`), pipeline stages cut from `layers` with the
+embedding first and the final norm and head last (its forward skips what a stage lacks), weights seeded by
+parameter name (`model.init_weights`)."""
+from __future__ import annotations
+
+from torch import nn
+
+from trainyard.engine.distributed.layout import check_tp
+from trainyard.engine.models.llama.model import Transformer, init_weights
+from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
+from trainyard.engine.models.spec import ModelSpec, StageSplit
+
+
+def _check_tp(model: Transformer, tp: int) -> None:
+    cfg = model.config
+    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=cfg.ffn_hidden,
+             vocab_size=cfg.vocab_size)
+
+
+def spec_for(model: nn.Module) -> ModelSpec | None:
+    if not isinstance(model, Transformer):
+        return None
+    return ModelSpec(name="llama", blocks=lambda m: list(m.layers.values()), apply_tp=apply_tp, check_tp=_check_tp,
+                     stages=StageSplit(blocks="layers", first=("tok_embeddings",), last=("norm", "output")),
+                     init_sharded=init_weights, loss_context=loss_context)

@@ -1,0 +1,61 @@
+"""The seam between a model and the engine's parallelisms: a `ModelSpec` says what the engine needs to know
+about a model family, so that model code stays parallel-agnostic and `parallelize` receives any module.
+
+    blocks(model)          the units sharded and gathered one at a time, in forward order
+    tp_plan(model)         {fqn pattern: style} for `distributed.tp.apply_tp_plan`, or None (no TP)
+    apply_tp(model, mesh)  a model-specific TP (e.g. with sequence parallelism and a vocab-parallel loss);
+                           when given it replaces tp_plan
+    check_tp(model, tp)    ValueError naming the dimension a degree does not divide (heads, widths)
+    stages                 how to cut the model into pipeline stages (None: no pipeline parallelism)
+    init_module(model)     a function filling one module's own parameters and buffers (HF `_init_weights`,
+                           `reset_parameters`), used for models built on the meta device; None when the
+                           spec initialises the whole sharded model itself (`init_sharded`)
+    loss_context(tp)       the context forward and loss run in (vocab-parallel cross-entropy)
+
+Specs are found by `models.registry.resolve_spec(model)`.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(kw_only=True)
+class StageSplit:
+    """How a model is cut into pipeline stages by module names.
+
+    Every stage is a copy of the model (cheap on the meta device) from which what it does not hold is
+    removed: blocks of other stages (the block container becomes a ModuleDict keyed by the original
+    indices, so parameter names do not change), the `first` modules except on stage 0 and the `last`
+    modules except on the final stage (set to None). `forward(stage_model, x)` runs a stage: token ids in
+    on the first stage, hidden states between stages, the model's output (logits) on the last.
+    """
+
+    blocks: str
+    """Path of the block container (`layers`, `model.layers`)."""
+    first: tuple[str, ...]
+    """Paths of the modules before the blocks (embeddings)."""
+    last: tuple[str, ...]
+    """Paths of the modules after the blocks (final norm, head)."""
+    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+    """The stage forward; None: the model's own forward copes with missing pieces."""
+
+
+@dataclass(kw_only=True)
+class ModelSpec:
+    name: str
+    blocks: Callable[[nn.Module], list[nn.Module]]
+    tp_plan: Callable[[nn.Module], dict | None] = lambda model: None
+    apply_tp: Callable[[nn.Module, object], None] | None = None
+    check_tp: Callable[[nn.Module, int], None] = lambda model, tp: None
+    stages: StageSplit | None = None
+    init_module: Callable[[nn.Module], Callable[[nn.Module], None] | None] | None = None
+    """Given the model, the per-module initialiser to use (None: the model has none)."""
+    init_sharded: Callable[[nn.Module, int], None] | None = None
+    """Initialise the whole (sharded, materialised) model from a seed, layout-independently."""
+    loss_context: Callable[[int], contextlib.AbstractContextManager] = \
+        field(default=lambda tp: contextlib.nullcontext())

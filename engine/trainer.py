@@ -1,0 +1,225 @@
+"""The built-in trainer, a client of the engine's public API (`api.py`) like any user script.
+
+`Trainer(cfg)` builds: context and mesh (`init`) -> the model on the meta device (the built-in Transformer
+of MODEL_CONFIGS, or the Hugging Face causal LM of a model channel) -> `transform` (pipeline stages, TP, AC,
+MiCS, weights) -> pretrained weights if the channel has them -> AdamW + schedule -> the data source (token
+files, text tokenized with the model's tokenizer, or synthetic) -> resume from the newest verified step.
+`run()` loops (micro-batches through `forward_backward`, clip, step, metrics, checkpoints), stops cleanly on
+SIGTERM (`stop()`), and exports the model at the end (`export()`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainyard.engine import api
+from trainyard.engine.components import checkpoint as ckpt
+from trainyard.engine.components.contract import checkpoint_uri_from_contract, model_dir, output_data_dir
+from trainyard.engine.components.data import build_source, channel_dir
+from trainyard.engine.components.meter import CommMeter, model_state_bytes
+from trainyard.engine.components.optim import build_optimizer, build_scheduler
+from trainyard.engine.components.termination import Termination
+from trainyard.engine.config import TrainConfig, reconcile_distribution
+from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def token_loss(output, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the tokens, from logits or an HF output; with vocab-sharded DTensor logits
+    (under the built-in model's loss context) the full logits are never gathered."""
+    logits = output.logits if hasattr(output, "logits") else output
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def build_hf(channel: str) -> tuple[nn.Module, str]:
+    """The HF causal LM of a model channel, on the meta device, and the channel's folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = channel_dir(channel)
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        raise ValueError(f"model hf: channel {channel!r} ({folder}) has no config.json; pass a Hugging Face model "
+                         "directory (config.json, optional *.safetensors, tokenizer.json) as that channel")
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config), folder
+
+
+def _has_weights(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.ctx = api.init()
+        par = self.ctx.parallelism
+        self.accum = reconcile_distribution(cfg, par, self.ctx.world_size)
+        torch.manual_seed(cfg.seed)
+        self.dtype = self._compute_dtype()
+        hf_dir = None
+        if cfg.model == "hf":
+            model, hf_dir = build_hf(cfg.model_channel)
+            vocab = model.config.vocab_size
+        else:
+            model, vocab = build_model(MODEL_CONFIGS[cfg.model]), MODEL_CONFIGS[cfg.model].vocab_size
+        self.params = count_parameters(model)
+        self.model = api.transform(model, mixed_precision=None if self.dtype == torch.float32 else self.dtype,
+                                   seed=cfg.seed)
+        self.layout = getattr(self.model, api._LAYOUT)
+        if hf_dir and _has_weights(hf_dir):
+            report = api.load_pretrained(self.model, hf_dir)
+            self.log(f"weights from {hf_dir}: {report['tensors']} tensors")
+        tokenizer = hf_dir if hf_dir and os.path.exists(os.path.join(hf_dir, "tokenizer.json")) else None
+        self.source = build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
+                                   seq_len=cfg.seq_len, vocab_size=vocab, token_dtype=cfg.token_dtype,
+                                   tokenizer_path=tokenizer)
+        self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, warmup_steps=cfg.warmup_steps,
+                                         total_steps=cfg.schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
+        self.uri = cfg.checkpoint_uri or checkpoint_uri_from_contract()
+        self.step = 0
+        self.saved_step = 0
+        self.log(self.describe())
+
+    def log(self, message: str) -> None:
+        if self.ctx.is_main:
+            print(message, flush=True)
+
+    def _compute_dtype(self) -> torch.dtype:
+        if self.cfg.dtype == "auto":
+            return torch.bfloat16 if self.ctx.device.type == "cuda" else torch.float32
+        return getattr(torch, self.cfg.dtype)
+
+    def describe(self) -> str:
+        cfg, dims, par = self.cfg, self.layout.dims, self.ctx.parallelism
+        pipe = f" ({par.pipeline_schedule}, {par.virtual_stages} stage(s) per rank)" if dims.pp > 1 else ""
+        layout = f"tp {dims.tp} x pp {dims.pp}{pipe} x " if dims.tp * dims.pp > 1 else ""
+        mics = MiCSConfig(hierarchical=par.hierarchical_allgather)
+        hier = f", hierarchical over {dims.shard_hosts} hosts" if uses_hierarchy(dims, mics) else ""
+        return (f"model {cfg.model} ({self.params / 1e6:.2f}M parameters), world {self.ctx.world_size} on "
+                f"{self.ctx.device.type}/{self.ctx.backend}, dtype {str(self.dtype).removeprefix('torch.')}, "
+                f"{self.accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; {layout}"
+                f"partition groups of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing "
+                f"{par.activation_checkpointing}{hier}")
+
+    def resume(self) -> int:
+        if not self.uri:
+            return 0
+        ckpt.validate_uri(self.uri)  # on every rank: a bad location fails everywhere, nobody waits
+        start = api.load_checkpoint(self.model, self.optimizer, uri=self.uri, scheduler=self.scheduler)
+        if start:
+            self.log(f"resumed from step {start} at {self.uri}")
+            if start >= self.cfg.steps:
+                self.log(f"checkpoint step {start} >= steps {self.cfg.steps}: nothing to train")
+        self.step = self.saved_step = start
+        return start
+
+    def train_step(self, step: int) -> dict:
+        """One optimizer step; returns its metrics (loss, lr, grad_norm and this rank's model-state bytes)."""
+        rows = self.ctx.rows(self.source.global_batch(step)).to(self.ctx.device, non_blocking=True)
+        loss = api.forward_backward(self.model, rows[:, :-1], rows[:, 1:], token_loss, microbatches=self.accum)
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        norm = api.clip_grad_norm_(self.model, max_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        memory = model_state_bytes(self.model, self.optimizer)  # with the gradients still held: the peak
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss, "lr": float(lr), "grad_norm": norm, **memory}
+
+    def checkpoint(self, step: int, *, blocking: bool) -> None:
+        if blocking:
+            api.save_checkpoint(self.model, self.optimizer, step, uri=self.uri, scheduler=self.scheduler,
+                                blocking=True, keep_last=self.cfg.keep_last)
+            self.log(f"checkpoint step {step} saved to {ckpt.step_uri(self.uri, step)}")
+        else:  # the loop waits for staging to host memory only
+            blocked = api.save_checkpoint(self.model, self.optimizer, step, uri=self.uri, scheduler=self.scheduler,
+                                          keep_last=self.cfg.keep_last)
+            self.log(f"checkpoint step {step}: staged in {blocked:.3f} s, uploading in the background")
+        self.saved_step = step
+
+    def run(self) -> bool:
+        """Train from the resumed step to cfg.steps; returns False when SIGTERM stopped it."""
+        cfg = self.cfg
+        start = self.resume()
+        metrics = None
+        if self.ctx.is_main:
+            os.makedirs(output_data_dir(), exist_ok=True)
+            metrics = open(os.path.join(output_data_dir(), METRICS_FILE), "a")
+        tokens_per_step = cfg.global_batch_size * cfg.seq_len
+        meter = CommMeter(self.layout.dims.processes_per_host, self.layout.dims)
+        termination = Termination(cfg.termination_deadline_s)
+        try:
+            for step in range(start + 1, cfg.steps + 1):
+                t0 = time.perf_counter()
+                meter.reset()
+                with meter.active():
+                    record = self.train_step(step)
+                self.step = step
+                tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
+                if metrics is not None:
+                    comm = meter.totals()
+                    metrics.write(json.dumps({"step": step, **record, "tokens_per_s": tokens_per_s,
+                                              "inter_node_bytes": comm["inter_bytes"],
+                                              "intra_node_bytes": comm["intra_bytes"], "comm": comm["by_kind"],
+                                              "comm_by_dim": comm["by_dim"]}) + "\n")
+                    metrics.flush()
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    self.log(f"step {step}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.1e} grad_norm "
+                             f"{record['grad_norm']:.3f} tok/s {tokens_per_s:.0f}")
+                if self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+                    self.checkpoint(step, blocking=not cfg.checkpoint_async)
+                if termination.requested(self.ctx.device):
+                    self.stop(termination)
+                    return False
+        finally:
+            api._wait_for_saves()  # whatever happened, the save in flight completes (or reports) before exit
+            termination.restore()
+            if metrics is not None:
+                metrics.close()
+        return True
+
+    def stop(self, termination: Termination) -> None:
+        """SIGTERM reached a rank: finish the save in flight, then checkpoint the step just completed if it is
+        not saved and the deadline allows (a save cut short is never committed: nothing half-written loads)."""
+        step = self.step
+        self.log(f"SIGTERM: stopping after step {step}")
+        committed = api._wait_for_saves()
+        if not self.uri or (self.saved_step == step and committed):
+            self.log(f"SIGTERM: {'no checkpoint location' if not self.uri else f'step {step} is already checkpointed'}")
+            return
+        if termination.time_left() <= 0:
+            self.log(f"SIGTERM: no emergency checkpoint, the {self.cfg.termination_deadline_s:g} s deadline has passed")
+            return
+        t0 = time.perf_counter()
+        self.checkpoint(step, blocking=True)
+        self.log(f"SIGTERM: emergency checkpoint step {step} saved to {ckpt.step_uri(self.uri, step)} in "
+                 f"{time.perf_counter() - t0:.1f} s")
+
+    def export(self) -> None:
+        """The full weights to $SM_MODEL_DIR (a collective): an HF model as from_pretrained loads it; the built-in
+        model as model.pt (a state dict) and config.json."""
+        out = model_dir()
+        if self.cfg.model == "hf":
+            api.save_model(self.model, out)
+            self.log(f"model written to {out}")
+            return
+        state = api.full_state_dict(self.model)
+        if not self.ctx.is_main:
+            return
+        os.makedirs(out, exist_ok=True)
+        torch.save(state, os.path.join(out, "model.pt"))
+        info = {"model": self.cfg.model, "model_config": MODEL_CONFIGS[self.cfg.model].to_dict(),
+                "hyperparameters": self.cfg.to_dict(), "step": max(self.step, self.cfg.steps),
+                "world_size": self.ctx.world_size}
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(info, f, indent=2)
+        print(f"model written to {out}", flush=True)

@@ -1,0 +1,211 @@
+"""The engine's public API (`trainyard.engine`): parsing, block and plan discovery, one-process behaviour, and
+(slow) multi-process runs against an unsharded single-process oracle through the API only."""
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import trainyard.engine as te
+from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.engine.distributed.tp import check_plan, resolve_plan
+from trainyard.engine.models.registry import resolve_spec
+
+from .api_worker import ResidualMLP, build, loss_fn, probe
+from .launch import run_on_two_hosts
+
+WORKER = os.path.join(os.path.dirname(__file__), "api_worker.py")
+
+
+@pytest.fixture
+def engine():
+    """A one-process engine context, left again after the test."""
+    ctx = te.init({})
+    yield ctx
+    te.finish()
+
+
+def test_parallelism_parses_typed_and_sagemaker_forms():
+    typed = Parallelism.parse({"tensor_parallel_degree": 2, "mics": {"partition_group_size": 2}})
+    assert (typed.tp, typed.partition_group_size) == (2, 2)
+    smp_v2 = Parallelism.parse({"torch_distributed": {"enabled": True}, "smdistributed": {"modelparallel": {
+        "enabled": True, "parameters": {"hybrid_shard_degree": 4, "tensor_parallel_degree": 2}}}})
+    assert (smp_v2.tp, smp_v2.partition_group_size) == (2, 4)
+    smp_v1 = Parallelism.parse({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+        "sharded_data_parallel_degree": 2, "sdp_hierarchical_allgather": True, "sdp_gradient_clipping": 1.0}}},
+        "mpi": {"enabled": True, "processes_per_host": 8}})
+    assert (smp_v1.partition_group_size, smp_v1.hierarchical_allgather, smp_v1.gradient_clipping) == (2, True, 1.0)
+    dims = smp_v2.dims(world_size=16, processes_per_host=8)
+    assert (dims.dp_shard, dims.dp_replicate, dims.tp) == (4, 2, 2)
+    with pytest.raises(ValueError, match="unknown key"):
+        Parallelism.parse({"tensor_parallel": 2})
+    with pytest.raises(ValueError, match="partition_group_size 3 must divide"):
+        Parallelism.parse({"mics": {"partition_group_size": 3}}).dims(world_size=4, processes_per_host=2)
+
+
+def test_blocks_are_found_for_hf_and_plain_modules():
+    hf = build("hf")
+    assert [type(b).__name__ for b in resolve_spec(hf).blocks(hf)] == ["LlamaDecoderLayer"] * 4
+    mlp = ResidualMLP()
+    assert resolve_spec(mlp).blocks(mlp) == list(mlp.stack)  # the largest ModuleList, not named layers
+    assert resolve_spec(mlp, blocks=[nn.Sequential]).blocks(mlp) == list(mlp.stack)
+    assert resolve_spec(mlp, blocks=["stack.0", "stack.1"]).blocks(mlp) == list(mlp.stack)[:2]
+    with pytest.raises(ValueError, match="select no module"):
+        resolve_spec(mlp, blocks=[nn.Conv1d]).blocks(mlp)
+
+
+def test_tp_plans_resolve_patterns_and_check_widths():
+    hf = build("hf")
+    plan = resolve_spec(hf).tp_plan(hf)
+    resolved = resolve_plan(hf, plan)
+    assert resolved["model.layers.3.self_attn.q_proj"] == "colwise"
+    assert resolved["model.layers.0.mlp.down_proj"] == "rowwise"
+    assert resolved["lm_head"] == "colwise_gather_output"
+    mlp = ResidualMLP()
+    with pytest.raises(ValueError, match=r"stack.0.1.out_features = 64"):
+        check_plan(mlp, resolve_plan(mlp, {"stack.*.1": "colwise"}), 3)
+    with pytest.raises(ValueError, match="num_attention_heads = 4"):
+        resolve_spec(hf).check_tp(hf, 8)
+
+
+def test_transform_keeps_real_weights_and_trains_one_process(engine):
+    torch.manual_seed(0)
+    model = ResidualMLP()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model = te.transform(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randint(0, 128, (4, 8))
+    losses = []
+    for _ in range(3):
+        for i in range(2):
+            with te.accumulate(model, i, 2):
+                loss = loss_fn(model(x[i * 2:(i + 1) * 2]), x[i * 2:(i + 1) * 2]) / 2
+                loss.backward()
+        assert te.clip_grad_norm_(model, 1e9) > 0
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_meta_models_are_initialised_the_same_whatever_the_seed_of_the_process(engine):
+    cfg = build("hf").config
+    from transformers import LlamaForCausalLM
+
+    def meta():
+        with torch.device("meta"):
+            return LlamaForCausalLM(cfg)
+
+    a = te.transform(meta(), seed=7)
+    torch.manual_seed(123)
+    b = te.transform(meta(), seed=7)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not a.model.rotary_emb.inv_freq.is_meta and a.model.norm.weight.eq(1).all()
+    c = te.transform(meta(), seed=8)
+    assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
+
+
+def test_api_errors_name_the_fix(engine):
+    with pytest.raises(ValueError, match="call model = transform"):
+        with te.accumulate(ResidualMLP(), 0, 1):
+            pass
+    with pytest.raises(ValueError, match="kernels"):
+        te.transform(ResidualMLP(), kernels=["rmsnorm"])
+    model = te.transform(ResidualMLP())
+    with pytest.raises(ValueError, match="no uri given"):
+        te.save_checkpoint(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
+    with pytest.raises(ValueError, match="pipeline_parallel_degree 2 = 2 must divide the world size 1"):
+        te.transform(ResidualMLP(), distribution={"pipeline_parallel_degree": 2})
+
+
+def test_checkpoint_keeps_extra_values_and_loads_without_optimizer(engine, tmp_path):
+    model = te.transform(ResidualMLP())
+    opt = torch.optim.AdamW(model.parameters())
+    te.save_checkpoint(model, opt, 3, uri=str(tmp_path), extra={"tokens_seen": 4096, "ema": torch.ones(2)})
+    assert te.load_checkpoint(model, opt, uri=str(tmp_path / "empty")) == 0
+    torch.manual_seed(9)
+    other = te.transform(ResidualMLP())
+    extra = {"tokens_seen": 0, "ema": torch.zeros(2)}
+    assert te.load_checkpoint(other, None, uri=str(tmp_path), extra=extra) == 3
+    assert extra["tokens_seen"] == 4096 and isinstance(extra["tokens_seen"], int) and extra["ema"].eq(1).all()
+    assert torch.equal(other.head.weight, model.head.weight)
+
+
+def test_check_equivalence_reports_agreement_and_catches_a_wrong_layout(engine, capsys):
+    ids = torch.randint(0, 128, (4, 9))
+    report = te.check_equivalence(lambda: build("hf"), ids[:, :-1], ids[:, 1:], loss_fn, microbatches=2)
+    assert report.ok and report.loss_rel_err < 1e-5 and "EQUIVALENT" in capsys.readouterr().out
+    # a block forward that drops its residual on the sharded side only must be caught
+    state = {"calls": 0}
+
+    def build_broken():
+        model = build("hf")
+        state["calls"] += 1
+        if state["calls"] == 2:
+            layer = model.model.layers[1].mlp
+            layer.forward = lambda x, f=layer.forward: 2 * f(x)
+        return model
+
+    bad = te.check_equivalence(build_broken, ids[:, :-1], ids[:, 1:], loss_fn, verbose=False)
+    assert not bad.ok and bad.worst_grad[1] > 1e-3
+
+
+@pytest.mark.slow
+def test_layouts_match_a_single_process_oracle(tmp_path):
+    """MiCS p=2 in a host, p=4 across 2 hosts with hierarchy, TP=2 x MiCS, PP=2 (HF and built-in), all with
+    gradient accumulation, through the public API only."""
+    cases = [
+        {"name": "mlp mics p2", "model": "mlp", "distribution": {"mics": {"partition_group_size": 2}}},
+        {"name": "hf mics p4 hierarchical", "model": "hf",
+         "distribution": {"mics": {"partition_group_size": 4, "hierarchical_allgather": True}}},
+        {"name": "mlp mics p4 hierarchical", "model": "mlp", "distribution": {"mics": {"partition_group_size": 4}}},
+        {"name": "hf tp2 x mics", "model": "hf", "distribution": {"tensor_parallel_degree": 2}},
+        {"name": "hf pp2 x mics", "model": "hf", "distribution": {"pipeline_parallel_degree": 2}},
+        {"name": "llama pp2 gpipe", "model": "llama",
+         "distribution": {"pipeline_parallel_degree": 2, "pipeline_schedule": "gpipe"}},
+    ]
+    results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2} for c in cases], tmp_path)
+    for case in cases:
+        assert results[case["name"]]["worst_rel_err"] < 1e-5, (case["name"], results[case["name"]])
+
+
+@pytest.mark.slow
+def test_checkpoint_resumes_on_another_host_layout_with_the_same_losses(tmp_path):
+    """Saved on 2 hosts x 2 processes, resumed on 1 host x 2 (and the reverse): the loss curve of an
+    uninterrupted run."""
+    curves = {}
+    for hosts in (2, 1):
+        uri = str(tmp_path / f"saved-on-{hosts}")
+        run = tmp_path / f"run{hosts}"
+        run.mkdir()
+        curves[hosts] = run_on_two_hosts(WORKER, [{"name": "c", "kind": "curve", "model": "hf", "uri": uri,
+                                                  "steps": 4, "save_at": 2}], run, hosts=hosts)["c"]
+    assert curves[1]["losses"] == pytest.approx(curves[2]["losses"], rel=1e-5)
+    for saved, resumed in ((2, 1), (1, 2)):
+        run = tmp_path / f"resume{saved}to{resumed}"
+        run.mkdir()
+        got = run_on_two_hosts(WORKER, [{"name": "c", "kind": "curve", "model": "hf", "steps": 4,
+                                         "uri": str(tmp_path / f"saved-on-{saved}")}], run, hosts=resumed)["c"]
+        assert got["start"] == 2
+        assert got["losses"] == pytest.approx({k: v for k, v in curves[saved]["losses"].items() if int(k) > 2},
+                                              rel=1e-5)
+
+
+@pytest.mark.slow
+def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "export"
+    out.mkdir()
+    results = run_on_two_hosts(WORKER, [
+        {"name": "export", "kind": "export", "distribution": {"tensor_parallel_degree": 2}, "dir": str(out)},
+        {"name": "reload", "kind": "reload", "distribution": {"mics": {"partition_group_size": 2}},
+         "dir": str(out)}], tmp_path)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    loaded = AutoModelForCausalLM.from_pretrained(str(out))
+    want = torch.load(out / "probe.pt")
+    assert (loaded(probe()).logits - want).abs().max().item() < 1e-5
+    assert results["reload"]["worst_abs_diff"] < 1e-5
