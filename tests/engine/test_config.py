@@ -4,7 +4,8 @@ import json
 import pytest
 
 from trainyard.engine import train
-from trainyard.engine.config import TrainConfig, checkpoint_uri_from_contract, parse_hyperparameters
+from trainyard.engine.components.contract import checkpoint_uri_from_contract
+from trainyard.engine.config import TrainConfig, parse_hyperparameters
 from trainyard.engine.components.optim import lr_factor
 
 

@@ -1,0 +1,66 @@
+"""The bring-your-own-model example (examples/byom/train.py, the public API only) as an Estimator entry point on
+2 emulated hosts x 2 processes: MiCS p=2 with check_equivalence first, an HF export that from_pretrained loads,
+then a longer run on tensor parallelism 2 that resumes (resharded) from the first run's checkpoint (slow: real
+multi-process jobs)."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from trainyard import Estimator
+
+from .helpers import assert_no_processes_left, read_tar
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+BYOM = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "byom")
+
+
+def _est(steps, distribution, ckpt, **hps):
+    return Estimator(entry_point="train.py", source_dir=BYOM, instance_type="local", instance_count=2,
+                     processes_per_host=2, distribution=distribution, checkpoint_s3_uri=ckpt, max_run=400,
+                     hyperparameters={"steps": steps, "lr": 0.003, **hps})
+
+
+def _steps(logs: str) -> list[int]:
+    return [int(s) for s in re.findall(r"\] step (\d+) loss [\d.]+", logs)]
+
+
+def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    ckpt = "s3://e2e-byom/ckpt"
+    est = _est(3, {"mics": {"partition_group_size": 2}}, ckpt, check=True)
+    est.fit(logs=False)
+    job = est.latest_training_job
+    logs = job.logs()
+    assert "EQUIVALENT within" in logs and "NOT EQUIVALENT" not in logs, logs[-3000:]
+    assert _steps(logs) == [1, 2, 3], logs[-3000:]
+    assert "resumed from step" not in logs
+    # the artifact is a Hugging Face model directory
+    files = read_tar(est.model_data)
+    assert {"config.json", "model.safetensors"} <= set(files), sorted(files)
+    assert json.loads(files["config.json"])["architectures"] == ["LlamaForCausalLM"]
+    model = AutoModelForCausalLM.from_pretrained(_extract(files, tmp_path / "first"))
+    logits = model(torch.arange(8).unsqueeze(0)).logits
+    assert logits.shape == (1, 8, 256) and torch.isfinite(logits).all()
+    assert_no_processes_left(job)
+
+    # more steps on the same checkpoint location, now tensor-parallel: resumes after step 3
+    again = _est(5, {"tensor_parallel_degree": 2}, ckpt)
+    again.fit(logs=False)
+    logs = again.latest_training_job.logs()
+    assert "resumed from step 3" in logs, logs[-3000:]
+    assert _steps(logs) == [4, 5], logs[-3000:]
+    resumed = AutoModelForCausalLM.from_pretrained(_extract(read_tar(again.model_data), tmp_path / "again"))
+    assert not torch.equal(resumed.lm_head.weight, model.lm_head.weight)  # trained on from step 3
+    assert_no_processes_left(again.latest_training_job)
+
+
+def _extract(files: dict[str, bytes], folder) -> str:
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return str(folder)
