@@ -39,6 +39,7 @@ import copy
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -124,56 +125,62 @@ def overhead(case: str, a) -> dict:
             return sum(_loss(model(mb[:, :-1]), mb[:, 1:]).item() for mb in batch) / ACCUM
 
     loops = {"plain": plain_step, "api": api_step}
-    models = {"plain": plain, "api": api}
     cursor = {"plain": 0, "api": 0}  # the next batch of each loop: both see the same batches in the same order
 
-    def block(name: str, n: int, timed: bool) -> list[float]:
-        times = []
+    def block(name: str, n: int) -> tuple[float, float]:
+        """Mean wall and CPU seconds per step of n steps."""
+        wall = cpu = 0.0
         for _ in range(n):
             batch = data[cursor[name]]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loops[name](batch)
-            if timed:
-                times.append(time.perf_counter() - t0)
+            wall += time.perf_counter() - t0
+            cpu += time.process_time() - c0
             cursor[name] += 1
-        return times
+        return wall / max(n, 1), cpu / max(n, 1)
 
-    block("plain", a.warmup, False)
-    block("api", a.warmup, False)
-    pairs, loss_diffs = [], []
+    block("plain", a.warmup)
+    block("api", a.warmup)
+    pairs = []
     for r in range(a.repeats):
         order = ("plain", "api") if r % 2 == 0 else ("api", "plain")
-        got = {name: block(name, a.steps, True) for name in order}
-        pairs.append({"first": order[0], "plain_s": statistics.fmean(got["plain"]),
-                      "api_s": statistics.fmean(got["api"]),
-                      "ratio": statistics.fmean(got["api"]) / statistics.fmean(got["plain"])})
-        probe = data[r % len(data)]
-        loss_diffs.append(abs(loss_of(models["plain"], probe) - loss_of(models["api"], probe)))
+        got = {name: block(name, a.steps) for name in order}
+        pairs.append({"first": order[0], "plain_s": got["plain"][0], "api_s": got["api"][0],
+                      "plain_cpu_s": got["plain"][1], "api_cpu_s": got["api"][1],
+                      "ratio": got["api"][0] / got["plain"][0], "cpu_ratio": got["api"][1] / got["plain"][1]})
+    probe = data[0]
+    loss_diff = abs(loss_of(plain, probe) - loss_of(api, probe))
+    med = {k: statistics.median(p[k] for p in pairs) for k in ("plain_s", "api_s", "plain_cpu_s", "api_cpu_s",
+                                                              "ratio", "cpu_ratio")}
     return {
         "case": case, "model": label, "parameters": params, "threads": torch.get_num_threads(),
         "micro_batches": ACCUM, "rows_per_micro_batch": MICRO_ROWS, "seq_len": SEQ, "warmup_steps": a.warmup,
         "steps_per_block": a.steps, "repeats": a.repeats,
-        "plain_step_s": statistics.median(p["plain_s"] for p in pairs),
-        "api_step_s": statistics.median(p["api_s"] for p in pairs),
-        "ratio": statistics.median(p["ratio"] for p in pairs),
-        "ratio_min": min(p["ratio"] for p in pairs), "ratio_max": max(p["ratio"] for p in pairs),
-        "max_loss_diff": max(loss_diffs), "goal_met": statistics.median(p["ratio"] for p in pairs) <= GOAL_OVERHEAD,
-        "pairs": pairs,
+        "plain_step_s": med["plain_s"], "api_step_s": med["api_s"], "ratio": med["ratio"],
+        "ratio_q1_q3": _quartiles([p["ratio"] for p in pairs]),
+        "plain_step_cpu_s": med["plain_cpu_s"], "api_step_cpu_s": med["api_cpu_s"], "cpu_ratio": med["cpu_ratio"],
+        "cpu_ratio_q1_q3": _quartiles([p["cpu_ratio"] for p in pairs]),
+        "loss_diff_after": loss_diff, "goal_met": med["ratio"] <= GOAL_OVERHEAD, "pairs": pairs,
     }
 
 
-# --- part 2: the built-in trainer, old code path against new ---------------------------------------------
+def _quartiles(values: list[float]) -> list[float]:
+    q = statistics.quantiles(values, n=4)
+    return [q[0], q[2]]
 
-def _lay_out(src: str, root: str) -> None:
-    """`src` (a source tree) as an importable `trainyard` under `root`, as pyproject's package-dir maps it:
-    one real folder per package, holding links to its source folder's files (and to data folders that are
-    no package of their own)."""
+
+# --- part 2: the built-in model, old code path against new ----------------------------------------------
+
+def _lay_out(src: str, root: str, name: str) -> None:
+    """`src` (a source tree) importable as package `name` under `root`, as pyproject's package-dir maps it: one
+    real folder per package, holding links to its source folder's files (and to data folders that are no
+    package of their own)."""
     with open(os.path.join(src, "pyproject.toml"), "rb") as fh:
         setup = tomllib.load(fh)["tool"]["setuptools"]
     dirs = {pkg: os.path.join(src, d) for pkg, d in setup["package-dir"].items()}
-    mapped = set(os.path.realpath(d) for d in dirs.values())
+    mapped = {os.path.realpath(d) for d in dirs.values()}
     for pkg in setup["packages"]:
-        folder = os.path.join(root, *pkg.split("."))
+        folder = os.path.join(root, name, *pkg.split(".")[1:])
         os.makedirs(folder, exist_ok=True)
         for entry in os.listdir(dirs[pkg]):
             path = os.path.join(dirs[pkg], entry)
@@ -182,10 +189,17 @@ def _lay_out(src: str, root: str) -> None:
             os.symlink(path, os.path.join(folder, entry))
 
 
-def materialise(rev: str, where: str) -> tuple[str, str]:
-    """(PYTHONPATH root, commit) of `rev` extracted under `where`; "worktree": this checkout as it is."""
+_IMPORT = re.compile(r"^(\s*(?:from|import)\s+)trainyard\b", re.MULTILINE)
+
+
+def materialise(rev: str, where: str, name: str = "trainyard") -> tuple[str, str]:
+    """(PYTHONPATH root, commit) of `rev`, extracted with `git archive` under `where` and importable as `name`
+    (another name than trainyard: the extracted copy's own imports renamed, so it loads beside the other
+    revision in one process). "worktree": this checkout as it is (as trainyard only)."""
     root = os.path.join(where, "pkg")
     if rev == "worktree":
+        if name != "trainyard":
+            raise ValueError("the checkout is importable as trainyard only")
         src, commit = REPO, "worktree"
     else:
         commit = subprocess.run(["git", "-C", REPO, "rev-parse", rev], check=True, capture_output=True,
@@ -195,38 +209,166 @@ def materialise(rev: str, where: str) -> tuple[str, str]:
         archive = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", commit], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
-    _lay_out(src, root)
+        if name != "trainyard":
+            for folder, _, files in os.walk(src):
+                for f in files:
+                    if f.endswith(".py"):
+                        path = os.path.join(folder, f)
+                        with open(path) as fh:
+                            text = fh.read()
+                        renamed = _IMPORT.sub(rf"\g<1>{name}", text)
+                        if renamed != text:
+                            with open(path, "w") as fh:
+                                fh.write(renamed)
+    _lay_out(src, root, name)
     return root, commit
 
 
-PROBE = ("import inspect, os, trainyard.engine.distributed.parallelize as p; "
+PROBE = ("import importlib, inspect, os, sys; p = importlib.import_module(sys.argv[1] + '.engine.distributed.parallelize'); "
          "print(os.path.realpath(p.__file__)); print(next(iter(inspect.signature(p.parallelize).parameters)))")
 
 
-def probe(root: str, cwd: str) -> dict:
-    """Which code a run on `root` imports: the real file of the parallelize module and its first parameter."""
+def probe(pythonpath: str, cwd: str, name: str) -> dict:
+    """Which code package `name` imports on `pythonpath`: the real file of its parallelize module and that
+    function's first parameter (old: cfg, new: model)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = root
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env=env, check=True, capture_output=True,
+    env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, "-c", PROBE, name], cwd=cwd, env=env, check=True, capture_output=True,
                          text=True).stdout.split()
     return {"parallelize_file": out[0], "parallelize_first_param": out[1]}
 
 
-def trainer_run(root: str, model: str, a, where: str) -> dict:
-    """One torchrun of the built-in trainer on `root`'s code; its metrics."""
-    out = tempfile.mkdtemp(dir=where)
+def _clean_env(pythonpath: str, out: str) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SM_", "TRAINYARD_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
-    env.update(PYTHONPATH=root, OMP_NUM_THREADS="1", SM_OUTPUT_DATA_DIR=os.path.join(out, "output"),
+           if not k.startswith(("SM_", "TRAINYARD_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "PYTHONPATH"))}
+    env.update(PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", SM_OUTPUT_DATA_DIR=os.path.join(out, "output"),
                SM_MODEL_DIR=os.path.join(out, "model"), SM_INPUT_CONFIG_DIR=os.path.join(out, "config"))
+    return env
+
+
+def seam_worker(a) -> None:
+    """One rank of the in-job comparison (under torchrun): the new Trainer's `train_step` and the old train.py's
+    setup and `train_step` (package trainyard_old) on the same process group, steps alternating."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    import trainyard_old.engine.train as old
+    from trainyard.engine import api
+    from trainyard.engine.components.meter import CommMeter
+    from trainyard.engine.config import TrainConfig
+    from trainyard.engine.trainer import Trainer
+
+    hp = {"model": a.worker_model, "steps": a.seam_warmup + a.seam_repeats, "save_model": False, **TRAINER}
+    # new: init (group, mesh) -> the model on the meta device -> transform -> AdamW + schedule -> data
+    trainer = Trainer(TrainConfig(**hp))
+    new_meter = CommMeter(trainer.layout.dims.processes_per_host, trainer.layout.dims)
+    # old: old train.py's _train up to its loop (parallelize(cfg, dims, ...) builds the model)
+    cfg = old.TrainConfig(**hp)
+    d = old.init_distributed()  # the group exists: reads the environment only
+    torch.manual_seed(cfg.seed)
+    accum = old.reconcile_distribution(cfg, {}, d.world_size)
+    mcfg = old.MODEL_CONFIGS[cfg.model]
+    source = old.build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
+                              seq_len=cfg.seq_len, vocab_size=mcfg.vocab_size, token_dtype=cfg.token_dtype)
+    dims = old.dims_from_distribution({}, world_size=d.world_size, processes_per_host=d.processes_per_host)
+    dims.build_mesh(d.device.type)
+    mics = old.MiCSConfig(param_dtype=None, reduce_dtype=torch.float32, hierarchical=None, reshard_after_forward=True)
+    par = old.parallelize(mcfg, dims, seed=cfg.seed, device=d.device, ac="none", mics=mics, pipeline=None,
+                          seq_len=cfg.seq_len, two_hop=True)
+    optimizer = old.build_optimizer(par.model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = old.build_scheduler(optimizer, warmup_steps=cfg.warmup_steps, total_steps=cfg.schedule_steps,
+                                    min_lr_ratio=cfg.min_lr_ratio)
+    old_meter = old.CommMeter(dims.processes_per_host, dims)
+    dp_rank = dims.coords(d.rank)["dp"]
+
+    def old_step(step: int) -> float:  # old train.py's loop body
+        rows = old.rank_rows(source.global_batch(step), dp_rank, dims.dp).to(d.device, non_blocking=True)
+        old_meter.reset()
+        with old_meter.active():
+            loss, _, _ = old.train_step(par, rows, accum, optimizer, scheduler, cfg, {})
+        return loss
+
+    def new_step(step: int) -> float:  # Trainer.run's loop body
+        new_meter.reset()
+        with new_meter.active():
+            return trainer.train_step(step)["loss"]
+
+    steps = {"old": old_step, "new": new_step}
+    cursor = {"old": 1, "new": 1}
+    losses: dict = {"old": [], "new": []}
+
+    def one(side: str) -> tuple[float, float]:
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        losses[side].append(steps[side](cursor[side]))
+        cursor[side] += 1
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    for _ in range(a.seam_warmup):
+        one("old")
+        one("new")
+    rows = []
+    for r in range(a.seam_repeats):
+        order = ("old", "new") if r % 2 == 0 else ("new", "old")
+        got = {side: one(side) for side in order}
+        rows.append([got["old"][0], got["new"][0], got["old"][1], got["new"][1]])
+    t = torch.tensor(rows, dtype=torch.float64)
+    wall, cpu = t[:, :2].clone(), t[:, 2:].clone()
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends on the slowest rank
+    dist.all_reduce(cpu, op=dist.ReduceOp.SUM)  # CPU seconds of both ranks
+    if d.rank == 0:
+        with open(a.worker_out, "w") as fh:
+            json.dump({"wall": wall.tolist(), "cpu": cpu.tolist(), "losses": losses,
+                       "old_layout": f"partition groups of {dims.dp_shard} x {dims.dp_replicate}",
+                       "new_layout": f"partition groups of {trainer.layout.dims.dp_shard} x "
+                                     f"{trainer.layout.dims.dp_replicate}",
+                       "new_sharded": trainer.layout.sharded}, fh)
+    api.finish()
+
+
+def seam_in_job(model: str, pythonpath: str, a, where: str) -> dict:
+    out = tempfile.mkdtemp(dir=where)
+    result = os.path.join(out, "result.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.abspath(__file__), "--seam-worker", "--worker-model", model, "--worker-out", result,
+           "--seam-repeats", str(a.seam_repeats), "--seam-warmup", str(a.seam_warmup)]
+    proc = subprocess.run(cmd, cwd=out, env=_clean_env(pythonpath, out), capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise RuntimeError(f"in-job comparison failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    with open(result) as fh:
+        r = json.load(fh)
+    wall_ratio = [n / o for o, n in r["wall"]]  # new / old step time: > 1 is slower
+    cpu_ratio = [n / o for o, n in r["cpu"]]
+    tokens = TRAINER["global_batch_size"] * TRAINER["seq_len"]
+    return {
+        "model": model, "pairs": a.seam_repeats, "warmup_steps": a.seam_warmup,
+        "old_step_s": statistics.median(o for o, _ in r["wall"]), "new_step_s": statistics.median(n for _, n in r["wall"]),
+        "old_tokens_per_s": tokens / statistics.median(o for o, _ in r["wall"]),
+        "new_tokens_per_s": tokens / statistics.median(n for _, n in r["wall"]),
+        "speed_ratio": statistics.median(1 / x for x in wall_ratio),
+        "speed_ratio_q1_q3": sorted(1 / x for x in _quartiles(wall_ratio)),
+        "old_step_cpu_s": statistics.median(o for o, _ in r["cpu"]),
+        "new_step_cpu_s": statistics.median(n for _, n in r["cpu"]),
+        "cpu_speed_ratio": statistics.median(1 / x for x in cpu_ratio),
+        "cpu_speed_ratio_q1_q3": sorted(1 / x for x in _quartiles(cpu_ratio)),
+        "max_loss_diff": max(abs(o - n) for o, n in zip(r["losses"]["old"], r["losses"]["new"])),
+        "old_layout": r["old_layout"], "new_layout": r["new_layout"], "new_sharded": r["new_sharded"],
+        "wall": r["wall"], "cpu": r["cpu"],
+    }
+
+
+def trainer_run(pythonpath: str, model: str, a, where: str) -> dict:
+    """One torchrun of the built-in trainer on `pythonpath`'s code; its metrics."""
+    out = tempfile.mkdtemp(dir=where)
     hp = {"model": model, "steps": a.trainer_steps, "save_model": "false", "log_every": a.trainer_steps, **TRAINER}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "trainyard.engine.train"] + [x for k, v in hp.items() for x in (f"--{k}", str(v))]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=out, env=_clean_env(pythonpath, out), capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if proc.returncode:
-        raise RuntimeError(f"trainer on {root} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(f"trainer on {pythonpath} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
     with open(os.path.join(out, "output", "metrics.jsonl")) as fh:
         metrics = [json.loads(line) for line in fh]
     shutil.rmtree(out, ignore_errors=True)
@@ -238,14 +380,22 @@ def trainer_run(root: str, model: str, a, where: str) -> dict:
 
 def seam(a, where: str) -> dict:
     roots, code = {}, {}
-    for side, rev in (("old", a.old_rev), ("new", a.new_rev)):
+    for side, rev, name in (("old", a.old_rev, "trainyard"), ("old_renamed", a.old_rev, "trainyard_old"),
+                            ("new", a.new_rev, "trainyard")):
         folder = os.path.join(where, side)
         os.makedirs(folder)
-        roots[side], commit = materialise(rev, folder)
-        code[side] = {"rev": rev, "commit": commit, **probe(roots[side], folder)}
-    if code["old"]["parallelize_first_param"] != "cfg" or code["new"]["parallelize_first_param"] != "model":
+        roots[side], commit = materialise(rev, folder, name)
+        code[side] = {"rev": rev, "commit": commit, "package": name, **probe(roots[side], folder, name)}
+    expected = {"old": "cfg", "old_renamed": "cfg", "new": "model"}
+    if any(code[side]["parallelize_first_param"] != want for side, want in expected.items()):
         raise RuntimeError(f"the revisions do not import the expected code: {code}")
-    models = []
+    in_job = []
+    for model in a.seam_models:
+        in_job.append(seam_in_job(model, os.pathsep.join([roots["old_renamed"], roots["new"]]), a, where))
+        m = in_job[-1]
+        print(f"  in-job {model}: old {m['old_tokens_per_s']:.0f} tok/s, new {m['new_tokens_per_s']:.0f} tok/s, "
+              f"new/old speed {m['speed_ratio']:.3f} (CPU {m['cpu_speed_ratio']:.3f})", flush=True)
+    launches = []
     for model in a.trainer_models:
         pairs = []
         for r in range(a.trainer_repeats):
@@ -253,9 +403,9 @@ def seam(a, where: str) -> dict:
             got = {side: trainer_run(roots[side], model, a, where) for side in order}
             pairs.append({"first": order[0], "old": got["old"], "new": got["new"],
                           "ratio": got["new"]["tokens_per_s"] / got["old"]["tokens_per_s"]})
-            print(f"  {model} pair {r + 1}/{a.trainer_repeats}: old {got['old']['tokens_per_s']:.0f} tok/s, "
+            print(f"  trainer {model} pair {r + 1}/{a.trainer_repeats}: old {got['old']['tokens_per_s']:.0f} tok/s, "
                   f"new {got['new']['tokens_per_s']:.0f} tok/s", flush=True)
-        models.append({
+        launches.append({
             "model": model, "repeats": a.trainer_repeats, "steps": a.trainer_steps, "warmup_steps": a.trainer_warmup,
             "old_tokens_per_s": statistics.median(p["old"]["tokens_per_s"] for p in pairs),
             "new_tokens_per_s": statistics.median(p["new"]["tokens_per_s"] for p in pairs),
@@ -264,17 +414,21 @@ def seam(a, where: str) -> dict:
             "same_final_loss": all(p["old"]["final_loss"] == p["new"]["final_loss"] for p in pairs),
             "old_layout": pairs[0]["old"]["layout"], "new_layout": pairs[0]["new"]["layout"], "pairs": pairs,
         })
-    return {"code": code, "trainer": {"processes": 2, **TRAINER}, "models": models}
+    return {"code": code, "trainer": {"processes": 2, "omp_threads": 1, **TRAINER}, "in_job": in_job,
+            "launches": launches}
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--trainer-models", type=lambda s: s.split(","), default=["tiny", "10m"])
-    p.add_argument("--trainer-repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=20, help="part 1: interleaved pairs")
+    p.add_argument("--steps", type=int, default=1, help="part 1: steps per block of a pair")
+    p.add_argument("--warmup", type=int, default=3, help="part 1: untimed steps of each loop first")
+    p.add_argument("--threads", type=int, default=1, help="part 1: torch intra-op threads")
+    p.add_argument("--seam-models", type=lambda s: [m for m in s.split(",") if m], default=["tiny", "10m"])
+    p.add_argument("--seam-repeats", type=int, default=20, help="part 2 in-job: interleaved pairs of steps")
+    p.add_argument("--seam-warmup", type=int, default=3)
+    p.add_argument("--trainer-models", type=lambda s: [m for m in s.split(",") if m], default=["tiny"])
+    p.add_argument("--trainer-repeats", type=int, default=3, help="part 2 launches: pairs of trainer runs")
     p.add_argument("--trainer-steps", type=int, default=20)
     p.add_argument("--trainer-warmup", type=int, default=2)
     p.add_argument("--old-rev", default="ac20671")
@@ -282,7 +436,13 @@ def main() -> int:
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--skip-seam", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--seam-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-model", help=argparse.SUPPRESS)
+    p.add_argument("--worker-out", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.seam_worker:
+        seam_worker(a)
+        return 0
 
     import torch
 
@@ -300,22 +460,30 @@ def main() -> int:
     total = time.perf_counter() - t_start
 
     if cases:
-        print(f"\n1. engine API overhead, one process, {a.threads} thread(s), {ACCUM} micro-batches of "
-              f"{MICRO_ROWS} x {SEQ} tokens; {a.repeats} interleaved pairs of {a.steps} steps after {a.warmup} warm-up")
-        print(f"{'model':<42}{'params':>8}{'plain s':>9}{'API s':>9}{'ratio':>7}{'min':>7}{'max':>7}{'loss diff':>11}  goal")
+        print(f"\n1. engine API overhead, one process, {a.threads} thread(s), {ACCUM} micro-batches of {MICRO_ROWS} x "
+              f"{SEQ} tokens; median of {a.repeats} interleaved pairs of {a.steps} step(s), after {a.warmup} warm-up")
+        print(f"{'model':<40}{'params':>8}{'plain s':>9}{'API s':>8}{'API/plain':>10}{'q1-q3':>13}"
+              f"{'CPU ratio':>10}{'q1-q3':>13}  goal")
         for c in cases:
-            print(f"{c['model']:<42}{c['parameters'] / 1e6:>7.2f}M{c['plain_step_s']:>9.3f}{c['api_step_s']:>9.3f}"
-                  f"{c['ratio']:>7.3f}{c['ratio_min']:>7.3f}{c['ratio_max']:>7.3f}{c['max_loss_diff']:>11.1e}"
-                  f"  {'met' if c['goal_met'] else 'MISSED'}")
+            print(f"{c['model']:<40}{c['parameters'] / 1e6:>7.2f}M{c['plain_step_s']:>9.3f}{c['api_step_s']:>8.3f}"
+                  f"{c['ratio']:>10.3f}{c['ratio_q1_q3'][0]:>7.3f}-{c['ratio_q1_q3'][1]:<5.3f}{c['cpu_ratio']:>10.3f}"
+                  f"{c['cpu_ratio_q1_q3'][0]:>7.3f}-{c['cpu_ratio_q1_q3'][1]:<5.3f}  {'met' if c['goal_met'] else 'MISSED'}")
         print(f"goal API / plain <= {GOAL_OVERHEAD}: {sum(c['goal_met'] for c in cases)}/{len(cases)} met")
     if result_seam:
         code = result_seam["code"]
-        print(f"\n2. built-in trainer, 2 processes: old {code['old']['commit'][:7]} (parallelize({code['old']['parallelize_first_param']}, ...)) "
-              f"vs new {code['new']['commit'][:7]} (parallelize({code['new']['parallelize_first_param']}, ...))")
-        print(f"{'model':<8}{'old tok/s':>11}{'new tok/s':>11}{'new/old':>9}{'min':>7}{'max':>7}  same loss")
-        for m in result_seam["models"]:
-            print(f"{m['model']:<8}{m['old_tokens_per_s']:>11.0f}{m['new_tokens_per_s']:>11.0f}{m['ratio']:>9.3f}"
-                  f"{m['ratio_min']:>7.3f}{m['ratio_max']:>7.3f}  {m['same_final_loss']}")
+        print(f"\n2. built-in model, 2 processes (MiCS over both, fp32, global batch {TRAINER['global_batch_size']} x "
+              f"{TRAINER['seq_len']}): old {code['old']['commit'][:7]} (parallelize(cfg, ...)) vs new "
+              f"{code['new']['commit'][:7]} (transform -> parallelize(model, ...)); speed = new/old tokens/s")
+        print(f"{'measure':<34}{'model':<7}{'old tok/s':>10}{'new tok/s':>10}{'speed':>7}{'q1-q3 / min-max':>17}"
+              f"{'CPU':>7}  same loss")
+        for m in result_seam["in_job"]:
+            print(f"{'in one job, steps alternating':<34}{m['model']:<7}{m['old_tokens_per_s']:>10.0f}"
+                  f"{m['new_tokens_per_s']:>10.0f}{m['speed_ratio']:>7.3f}{m['speed_ratio_q1_q3'][0]:>10.3f}-"
+                  f"{m['speed_ratio_q1_q3'][1]:<6.3f}{m['cpu_speed_ratio']:>7.3f}  {m['max_loss_diff'] == 0}")
+        for m in result_seam["launches"]:
+            print(f"{'trainer launches, alternating':<34}{m['model']:<7}{m['old_tokens_per_s']:>10.0f}"
+                  f"{m['new_tokens_per_s']:>10.0f}{m['ratio']:>7.3f}{m['ratio_min']:>10.3f}-{m['ratio_max']:<6.3f}"
+                  f"{'':>7}  {m['same_final_loss']}")
     print(f"total {total:.0f} s; 1-min load average {load[0]:.1f} at the start, {load[1]:.1f} at the end")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

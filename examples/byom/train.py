@@ -30,6 +30,7 @@ parser.add_argument("--checkpoint_uri", default=None)         # None: the job's 
 parser.add_argument("--check", nargs="?", const="true", default="false")  # `--check` or `--check true`
 args = parser.parse_args()
 VOCAB = 256
+MLP_TP_PLAN = {"stack.*.1": "colwise", "stack.*.3": "rowwise"}  # tensor parallelism for a plain module
 
 
 class ResidualMLP(nn.Module):
@@ -65,24 +66,25 @@ def loss_fn(output, targets):
 
 def global_batch(step: int) -> torch.Tensor:
     """The whole job's batch of `step`, a pure function of the step (a resumed run continues the stream):
-    rows of `start + i * stride (mod VOCAB)`, which a model learns within a few steps."""
+    rows `start + i * stride (mod 64)`, a pattern the model learns in a few steps."""
     g = torch.Generator().manual_seed(step)
-    start = torch.randint(0, VOCAB, (args.global_batch, 1), generator=g)
+    start = torch.randint(0, 64, (args.global_batch, 1), generator=g)
     stride = torch.randint(1, 8, (args.global_batch, 1), generator=g)
-    return (start + stride * torch.arange(args.seq_len + 1)) % VOCAB
+    return (start + stride * torch.arange(args.seq_len + 1)) % 64
 
 
 ctx = te.init()  # process group and mesh, from the job's distribution
 n = args.microbatches
+tp_plan = MLP_TP_PLAN if args.model == "mlp" else None  # HF models bring their own
 if args.check.lower() == "true":  # one step sharded vs. unsharded, before training
     batch = global_batch(0)
-    report = te.check_equivalence(build, batch[:, :-1], batch[:, 1:], loss_fn, microbatches=n)
+    report = te.check_equivalence(build, batch[:, :-1], batch[:, 1:], loss_fn, microbatches=n, tp_plan=tp_plan)
     if not report.ok:
         raise SystemExit(f"the sharded model does not match the unsharded one:\n{report}")
 
 with torch.device("meta"):  # no memory until sharded; transform initialises the weights
     model = build()
-model = te.transform(model)
+model = te.transform(model, tp_plan=tp_plan)
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 start = te.load_checkpoint(model, opt, uri=args.checkpoint_uri)  # 0 when there is none
 if start and ctx.is_main:
@@ -91,18 +93,21 @@ if start and ctx.is_main:
 for step in range(start + 1, args.steps + 1):
     rows = ctx.rows(global_batch(step)).to(ctx.device)  # this rank's slice of the global batch
     inputs, targets = rows[:, :-1], rows[:, 1:]
-    loss = 0.0
-    for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
-        with te.accumulate(model, i, n):  # gradients synchronised on the last micro-batch
-            part = loss_fn(model(x), y) / n
-            part.backward()
-        loss += part.item()
+    if ctx.dims.pp > 1:  # pipeline parallelism: the schedule runs the micro-batches (global-batch loss)
+        loss = te.forward_backward(model, inputs, targets, loss_fn, microbatches=n)
+    else:  # your own loop (loss: this rank's rows)
+        loss = 0.0
+        for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            with te.accumulate(model, i, n):  # gradients reduced once, on the last micro-batch
+                part = loss_fn(model(x), y) / n
+                part.backward()
+            loss += part.item()
     te.clip_grad_norm_(model, 1.0)
     opt.step()
     opt.zero_grad()
     te.save_checkpoint(model, opt, step, uri=args.checkpoint_uri)  # async: uploads while the next step runs
     if ctx.is_main:
-        print(f"step {step} loss {loss:.4f}", flush=True)  # rank 0's rows
+        print(f"step {step} loss {loss:.4f}", flush=True)
 
 te.save_model(model, os.environ.get("SM_MODEL_DIR", "model"))  # HF: config.json + model.safetensors
 te.finish()
