@@ -150,6 +150,7 @@ def overhead(case: str, a) -> dict:
                       "ratio": got["api"][0] / got["plain"][0], "cpu_ratio": got["api"][1] / got["plain"][1]})
     probe = data[0]
     loss_diff = abs(loss_of(plain, probe) - loss_of(api, probe))
+    calls = _call_costs(plain, api, data[0], te)
     med = {k: statistics.median(p[k] for p in pairs) for k in ("plain_s", "api_s", "plain_cpu_s", "api_cpu_s",
                                                               "ratio", "cpu_ratio")}
     return {
@@ -160,8 +161,47 @@ def overhead(case: str, a) -> dict:
         "ratio_q1_q3": _quartiles([p["ratio"] for p in pairs]),
         "plain_step_cpu_s": med["plain_cpu_s"], "api_step_cpu_s": med["api_cpu_s"], "cpu_ratio": med["cpu_ratio"],
         "cpu_ratio_q1_q3": _quartiles([p["cpu_ratio"] for p in pairs]),
-        "loss_diff_after": loss_diff, "goal_met": med["ratio"] <= GOAL_OVERHEAD, "pairs": pairs,
+        "loss_diff_after": loss_diff, "goal_met": med["ratio"] <= GOAL_OVERHEAD, **calls, "pairs": pairs,
     }
+
+
+def _call_costs(plain, api, batch, te) -> dict:
+    """What the API's own calls cost, apart from the noise of whole steps: `accumulate` entered and left
+    (median of 2000), `clip_grad_norm_` against torch's on the gradients of one backward (median of 30 each, alternating);
+    CPU time of this process (one thread), which other processes' load does not inflate."""
+    import torch
+
+    for model in (plain, api):
+        model.zero_grad(set_to_none=True)
+        (_loss(model(batch[0][:, :-1]), batch[0][:, 1:])).backward()
+    acc = []
+    for i in range(2000):
+        t0 = time.process_time()
+        with te.accumulate(api, i % ACCUM, ACCUM):
+            pass
+        acc.append(time.process_time() - t0)
+    saved = {model: [p.grad.clone() for p in model.parameters()] for model in (plain, api)}
+
+    def restore(model):  # every call clips the gradients of one backward, as in training
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), saved[model]):
+                p.grad.copy_(g)
+
+    torch_clip, api_clip = [], []
+    for _ in range(30):
+        restore(plain)
+        t0 = time.process_time()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), MAX_NORM)
+        torch_clip.append(time.process_time() - t0)
+        restore(api)
+        t0 = time.process_time()
+        grad_norm = te.clip_grad_norm_(api, MAX_NORM)
+        api_clip.append(time.process_time() - t0)
+    for model in (plain, api):
+        model.zero_grad(set_to_none=True)
+    acc_s, tc, ac = statistics.median(acc), statistics.median(torch_clip), statistics.median(api_clip)
+    return {"accumulate_call_us": acc_s * 1e6, "torch_clip_ms": tc * 1e3, "api_clip_ms": ac * 1e3, "grad_norm": grad_norm,
+            "api_calls_extra_ms_per_step": (ACCUM * acc_s + ac - tc) * 1e3}
 
 
 def _quartiles(values: list[float]) -> list[float]:
@@ -469,6 +509,10 @@ def main() -> int:
                   f"{c['ratio']:>10.3f}{c['ratio_q1_q3'][0]:>7.3f}-{c['ratio_q1_q3'][1]:<5.3f}{c['cpu_ratio']:>10.3f}"
                   f"{c['cpu_ratio_q1_q3'][0]:>7.3f}-{c['cpu_ratio_q1_q3'][1]:<5.3f}  {'met' if c['goal_met'] else 'MISSED'}")
         print(f"goal API / plain <= {GOAL_OVERHEAD}: {sum(c['goal_met'] for c in cases)}/{len(cases)} met")
+        for c in cases:
+            print(f"  {c['case']}: accumulate {c['accumulate_call_us']:.1f} us per micro-batch, clip_grad_norm_ "
+                  f"{c['api_clip_ms']:.2f} ms (torch's {c['torch_clip_ms']:.2f} ms): the API's calls add "
+                  f"{c['api_calls_extra_ms_per_step']:+.2f} ms to a {c['plain_step_cpu_s'] * 1e3:.0f} ms step")
     if result_seam:
         code = result_seam["code"]
         print(f"\n2. built-in model, 2 processes (MiCS over both, fp32, global batch {TRAINER['global_batch_size']} x "

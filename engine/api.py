@@ -188,6 +188,17 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     return result.model
 
 
+def rows(model: nn.Module, global_batch: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a global batch for `model`'s layout (its data-parallel slice; the ranks of one
+    TP/PP group get the same rows). Same as ctx.rows unless transform() was given its own distribution."""
+    dims = _layout(model).dims
+    dp, index = dims.dp, dims.coords(dist.get_rank())["dp"]
+    if global_batch.shape[0] % dp:
+        raise ValueError(f"a global batch of {global_batch.shape[0]} rows does not split over {dp} data-parallel "
+                         "ranks; use a multiple of the data-parallel degree")
+    return global_batch.chunk(dp)[index]
+
+
 @contextlib.contextmanager
 def accumulate(model: nn.Module, index: int, count: int):
     """Around micro-batch `index` of `count`: the 2-hop gradient sync (reduce-scatter inside the partition
@@ -199,7 +210,8 @@ def accumulate(model: nn.Module, index: int, count: int):
     if not 0 <= index < count:
         raise ValueError(f"micro-batch index {index} is outside 0..{count - 1}")
     sync_for(par, index, count)
-    yield
+    with par.spec.loss_context(par.dims.tp):  # e.g. the built-in model's vocab-parallel cross-entropy
+        yield
 
 
 def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,

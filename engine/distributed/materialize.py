@@ -67,15 +67,20 @@ def init_by_module(model: nn.Module, template: nn.Module, seed: int, init: Calla
         if not names:
             continue
         cpu = copy.deepcopy(tmod).to_empty(device="cpu", recurse=False)
+        for name in names:  # NaN marks what the initialiser leaves unfilled (to_empty leaves garbage)
+            t = getattr(cpu, name)
+            if t is not None and t.is_floating_point():
+                t.data.fill_(float("nan"))
         torch.manual_seed(module_seed(seed, path))
         init(cpu)
         for name in names:
             full, dest = getattr(cpu, name), getattr(target, name, None)
             if dest is None or full is None:
                 continue
-            if full.is_meta:
-                raise ValueError(f"{path or type(model).__name__}.{name} is still on the meta device after its "
-                                 f"initialiser ran; give init= a function that fills it")
+            if full.is_meta or (full.is_floating_point() and torch.isnan(full).any()):
+                raise ValueError(f"{path or type(model).__name__}.{name} ({type(tmod).__name__}) was not filled by "
+                                 f"its initialiser; give init= a function that fills every module's parameters "
+                                 "and buffers (e.g. fall back to module.reset_parameters())")
             copy_piece(dest, full)
 
 

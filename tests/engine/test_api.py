@@ -209,3 +209,15 @@ def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_pat
     want = torch.load(out / "probe.pt")
     assert (loaded(probe()).logits - want).abs().max().item() < 1e-5
     assert results["reload"]["worst_abs_diff"] < 1e-5
+
+
+def test_a_partial_init_is_refused_by_name(engine):
+    def linear_only(module):
+        if isinstance(module, nn.Linear):
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    with torch.device("meta"):
+        model = ResidualMLP()
+    with pytest.raises(ValueError, match=r"embed.weight \(Embedding\) was not filled"):
+        te.transform(model, init=linear_only)
