@@ -41,3 +41,4 @@ bench: $(STAMP)
 	$(PY) bench/pipeline.py --json bench/results/pipeline.json
 	$(PY) bench/parallel3d.py --json bench/results/parallel3d.json
 	$(PY) bench/checkpoint.py --json bench/results/checkpoint.json
+	$(PY) bench/engine_api.py --json bench/results/engine_api.json

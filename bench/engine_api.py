@@ -1,36 +1,53 @@
 """The engine as a library: what its public API costs a training loop, and the built-in model through the
 new model seam against the code before it.
 
-    python bench/engine_api.py [--repeats 10] [--steps 3] [--warmup 3] [--threads 1]
-                               [--trainer-models tiny,10m] [--trainer-repeats 3] [--trainer-steps 20]
+    python bench/engine_api.py [--repeats 20] [--steps 1] [--warmup 3] [--threads 1]
+                               [--seam-models tiny,10m] [--seam-repeats 20] [--seam-warmup 3]
+                               [--trainer-models tiny] [--trainer-repeats 3] [--trainer-steps 20]
                                [--old-rev ac20671] [--new-rev HEAD] [--skip-overhead] [--skip-seam] [--json PATH]
 
-1. Overhead, one process. A plain PyTorch loop (AdamW; per step `accum` micro-batches of forward, cross-entropy
-   and backward, `torch.nn.utils.clip_grad_norm_`, step, zero_grad) against the same loop through
-   `trainyard.engine` (`init({})`, `model = transform(model)`, each micro-batch `with accumulate(model, i, n)`,
-   `clip_grad_norm_(model, 1.0)`), on two copies of the same weights, fed the same batches, in this one
-   process, for (a) the built-in `Transformer` ("10m") and (b) a Hugging Face `LlamaForCausalLM` of the same
-   shape. Each copy first takes `--warmup` steps (not timed); then `--repeats` pairs of blocks of `--steps`
-   timed steps each, plain and API alternating (AB, BA, AB, ...). Per pair: the API block's mean step time
-   over the plain block's; reported: the median of those ratios and the median per-step seconds. Both
-   copies see the same batches in the same order, so their losses agree step for step (`max_loss_diff`):
-   the two loops do the same work. Goal: ratio <= 1.05.
+These machines are shared and noisy: every ratio is taken inside one run, A and B alternating (AB, BA, AB,
+...), as the median of the per-pair ratios. Beside wall time, the CPU time of the same steps is reported
+(`time.process_time`, one thread per process): the time the loop needs, which other processes' load does
+not stretch, so it stays comparable when the wall times do not.
 
-2. Seam, 2 processes. The built-in trainer (`torchrun --nproc_per_node 2 -m trainyard.engine.train`, MiCS
-   over both ranks, fp32, global batch 8 of 128 tokens, micro-batch 2) at `--old-rev` (before the model seam:
-   `parallelize(cfg: ModelConfig, dims, ...)` built the model itself) and at `--new-rev` (`Trainer` through
-   the public API: `transform(model)` of a model built on the meta device). Each revision is extracted with
-   `git archive` into a temporary folder and laid out as pyproject's package-dir maps it (`trainyard` ->
-   api/, `trainyard.engine` -> engine/, ...) on PYTHONPATH, which Python searches before the editable
-   install's finder: each run imports that revision's code only (checked before the runs: the file
-   `trainyard.engine.distributed.parallelize` comes from, and its `parallelize` signature). `--new-rev
-   worktree` takes this checkout as it is. Old and new alternate (old first, then new first, ...); per run
-   the median `tokens_per_s` of metrics.jsonl over the steps after `--trainer-warmup`; per pair new / old;
-   reported: the median of those ratios. Goal: >= 1.0 within the noise (not slower).
+1. Overhead, one process. A plain PyTorch loop (AdamW; per step ACCUM micro-batches of forward,
+   cross-entropy and backward, `torch.nn.utils.clip_grad_norm_`, step, zero_grad) against the same loop
+   through `trainyard.engine` (`init({})`, `model = transform(model)`, each micro-batch `with
+   accumulate(model, i, n)`, `clip_grad_norm_(model, 1.0)`), on two copies of the same weights fed the same
+   batches in the same order, for (a) the built-in `Transformer` "10m" and (b) a Hugging Face
+   `LlamaForCausalLM` of the same shape. Each loop first takes `--warmup` untimed steps; then `--repeats`
+   pairs of `--steps` timed steps each. Reported: median per-step seconds, the median of the per-pair
+   ratios API / plain (wall and CPU) and their quartiles; the two copies' loss on one batch at the end
+   (`loss_diff_after`: the loops did the same work). Also, apart from whole steps, what the API's own calls
+   cost (CPU time): `accumulate` entered and left, and `clip_grad_norm_` against torch's on the gradients of
+   one backward. Goal: API / plain <= 1.05 (wall).
 
-Threads: `--threads 1` (default) for the loops of part 1 and OMP_NUM_THREADS=1 for each trainer rank. On a
-shared 2-core machine a 2-thread intra-op pool stalls whenever a core is taken away (seconds per step);
-one thread per process keeps the step times stable enough to compare.
+2. Seam, 2 processes, the built-in model: `--old-rev` (before the model seam: `parallelize(cfg:
+   ModelConfig, dims, ...)` built the model itself) against `--new-rev` (the `Trainer` through the public
+   API: a model built on the meta device, `transform(model)` -> `parallelize(model, spec, dims, ...)`).
+   MiCS over both ranks, fp32, global batch 8 of 128 tokens, micro-batch 2 (2 micro-batches per rank).
+   Each revision is extracted with `git archive` into a temporary folder and laid out as pyproject's
+   package-dir maps it (`trainyard` -> api/, `trainyard.engine` -> engine/, ...) on PYTHONPATH, which
+   Python searches before the editable install's finder, so a process imports that revision's code only
+   (checked before the runs: the file `<package>.engine.distributed.parallelize` comes from, and the first
+   parameter of its `parallelize`). `--new-rev worktree` takes this checkout as it is.
+   a. In one job (primary): one torchrun of 2 ranks imports both revisions, the old one as package
+      `trainyard_old` (its extracted copy's imports renamed, nothing else): the new `Trainer(cfg)` and, on
+      the same process group, the old train.py's setup (`parallelize(cfg, dims, ...)`, its optimizer,
+      schedule, data source and comm meter); then steps alternate, each the body of its own trainer's loop
+      (old: `rank_rows` + `train_step` under the meter; new: `Trainer.train_step` under the meter), after
+      a barrier. `--seam-warmup` pairs untimed, then `--seam-repeats` pairs. Wall: the slower rank's; CPU:
+      both ranks'. Speed = old step time / new step time (> 1: new faster). Both see the same batches:
+      their losses agree step for step (`max_loss_diff`).
+   b. Trainer launches: `torchrun --nproc_per_node 2 -m trainyard.engine.train` of each revision,
+      alternating launches, `--trainer-repeats` pairs; per run the median `tokens_per_s` of metrics.jsonl
+      after `--trainer-warmup` steps. The whole trainer, but two launches never share the machine's load:
+      on a loaded 2-core machine their ratio spreads several-fold.
+   Goal: speed >= 1.0 within the noise (the new path is not slower).
+
+Threads: `--threads 1` (default) for part 1 and OMP_NUM_THREADS=1 for each rank. On a shared 2-core machine
+a 2-thread intra-op pool stalls whenever a core is taken away (seconds per step).
 """
 from __future__ import annotations
 
@@ -167,8 +184,8 @@ def overhead(case: str, a) -> dict:
 
 def _call_costs(plain, api, batch, te) -> dict:
     """What the API's own calls cost, apart from the noise of whole steps: `accumulate` entered and left
-    (median of 2000), `clip_grad_norm_` against torch's on the gradients of one backward (median of 30 each, alternating);
-    CPU time of this process (one thread), which other processes' load does not inflate."""
+    (median of 2000), `clip_grad_norm_` against torch's on the gradients of one backward (median of 30 each,
+    alternating); CPU time of this process (one thread), which other processes' load does not inflate."""
     import torch
 
     for model in (plain, api):
@@ -200,7 +217,8 @@ def _call_costs(plain, api, batch, te) -> dict:
     for model in (plain, api):
         model.zero_grad(set_to_none=True)
     acc_s, tc, ac = statistics.median(acc), statistics.median(torch_clip), statistics.median(api_clip)
-    return {"accumulate_call_us": acc_s * 1e6, "torch_clip_ms": tc * 1e3, "api_clip_ms": ac * 1e3, "grad_norm": grad_norm,
+    return {"accumulate_call_us": acc_s * 1e6, "torch_clip_ms": tc * 1e3, "api_clip_ms": ac * 1e3,
+            "grad_norm": grad_norm,
             "api_calls_extra_ms_per_step": (ACCUM * acc_s + ac - tc) * 1e3}
 
 
@@ -264,7 +282,8 @@ def materialise(rev: str, where: str, name: str = "trainyard") -> tuple[str, str
     return root, commit
 
 
-PROBE = ("import importlib, inspect, os, sys; p = importlib.import_module(sys.argv[1] + '.engine.distributed.parallelize'); "
+PROBE = ("import importlib, inspect, os, sys; "
+         "p = importlib.import_module(sys.argv[1] + '.engine.distributed.parallelize'); "
          "print(os.path.realpath(p.__file__)); print(next(iter(inspect.signature(p.parallelize).parameters)))")
 
 
@@ -383,7 +402,8 @@ def seam_in_job(model: str, pythonpath: str, a, where: str) -> dict:
     tokens = TRAINER["global_batch_size"] * TRAINER["seq_len"]
     return {
         "model": model, "pairs": a.seam_repeats, "warmup_steps": a.seam_warmup,
-        "old_step_s": statistics.median(o for o, _ in r["wall"]), "new_step_s": statistics.median(n for _, n in r["wall"]),
+        "old_step_s": statistics.median(o for o, _ in r["wall"]),
+        "new_step_s": statistics.median(n for _, n in r["wall"]),
         "old_tokens_per_s": tokens / statistics.median(o for o, _ in r["wall"]),
         "new_tokens_per_s": tokens / statistics.median(n for _, n in r["wall"]),
         "speed_ratio": statistics.median(1 / x for x in wall_ratio),
@@ -408,7 +428,8 @@ def trainer_run(pythonpath: str, model: str, a, where: str) -> dict:
     proc = subprocess.run(cmd, cwd=out, env=_clean_env(pythonpath, out), capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if proc.returncode:
-        raise RuntimeError(f"trainer on {pythonpath} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(f"trainer on {pythonpath} failed ({proc.returncode}):\n"
+                           f"{(proc.stdout + proc.stderr)[-3000:]}")
     with open(os.path.join(out, "output", "metrics.jsonl")) as fh:
         metrics = [json.loads(line) for line in fh]
     shutil.rmtree(out, ignore_errors=True)
@@ -507,7 +528,8 @@ def main() -> int:
         for c in cases:
             print(f"{c['model']:<40}{c['parameters'] / 1e6:>7.2f}M{c['plain_step_s']:>9.3f}{c['api_step_s']:>8.3f}"
                   f"{c['ratio']:>10.3f}{c['ratio_q1_q3'][0]:>7.3f}-{c['ratio_q1_q3'][1]:<5.3f}{c['cpu_ratio']:>10.3f}"
-                  f"{c['cpu_ratio_q1_q3'][0]:>7.3f}-{c['cpu_ratio_q1_q3'][1]:<5.3f}  {'met' if c['goal_met'] else 'MISSED'}")
+                  f"{c['cpu_ratio_q1_q3'][0]:>7.3f}-{c['cpu_ratio_q1_q3'][1]:<5.3f}"
+                  f"  {'met' if c['goal_met'] else 'MISSED'}")
         print(f"goal API / plain <= {GOAL_OVERHEAD}: {sum(c['goal_met'] for c in cases)}/{len(cases)} met")
         for c in cases:
             print(f"  {c['case']}: accumulate {c['accumulate_call_us']:.1f} us per micro-batch, clip_grad_norm_ "

@@ -13,15 +13,12 @@
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
 from trainyard.engine.models.spec import ModelSpec, StageSplit
-
-try:
-    from transformers import PreTrainedModel
-except ImportError:  # the hf extra is not installed: no model can be an HF model
-    PreTrainedModel = None
 
 
 def _config(model: nn.Module):
@@ -97,7 +94,9 @@ def _decoder_only(model: nn.Module) -> bool:
 
 
 def spec_for(model: nn.Module) -> ModelSpec | None:
-    if PreTrainedModel is None or not isinstance(model, PreTrainedModel):
+    # an HF model means transformers is loaded already: never import it (~1 s per rank) to find out
+    transformers = sys.modules.get("transformers")
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return None
     stages = None
     if _decoder_only(model) and not getattr(model.config, "tie_word_embeddings", False):
