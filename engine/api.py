@@ -23,7 +23,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import dataclasses
+import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,6 +36,7 @@ from torch import nn
 
 from trainyard.engine.components import checkpoint as ckpt
 from trainyard.engine.components.contract import checkpoint_uri_from_contract
+from trainyard.engine.components.data import rank_rows
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.engine.distributed.parallelism import Parallelism
@@ -48,23 +52,24 @@ _PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": None,
 
 
 @dataclass(kw_only=True)
-class Context:
-    """Where this process stands in the job and how the job lays out its model."""
+class Context(Dist):
+    """Where this process stands in the job (`Dist`: rank, world_size, local_rank, device, ...) and how the
+    job lays out its model."""
 
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    backend: str
-    processes_per_host: int
     parallelism: Parallelism
     dims: ParallelDims
+    coords: dict[str, int] = field(default_factory=dict)
+    """This rank's index along every mesh dimension (`ParallelDims.coords`), computed once."""
     _savers: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.coords = self.coords or self.dims.coords(self.rank)
 
     @property
     def dp_rank(self) -> int:
         """Which slice of a global batch this rank takes (ranks of one TP/PP group share it)."""
-        return self.dims.coords(self.rank)["dp"]
+        return self.coords["dp"]
 
     @property
     def dp_size(self) -> int:
@@ -72,30 +77,21 @@ class Context:
 
     @property
     def tp_rank(self) -> int:
-        return self.dims.coords(self.rank)["tp"]
+        return self.coords["tp"]
 
     @property
     def pp_rank(self) -> int:
-        return self.dims.coords(self.rank)["pp"]
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+        return self.coords["pp"]
 
     def rows(self, global_batch: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a global batch (its data-parallel slice)."""
-        if global_batch.shape[0] % self.dp_size:
-            raise ValueError(f"a global batch of {global_batch.shape[0]} rows does not split over {self.dp_size} "
-                             "data-parallel ranks; use a multiple of ctx.dp_size")
-        return global_batch.chunk(self.dp_size)[self.dp_rank]
+        return rank_rows(global_batch, self.dp_rank, self.dp_size)
 
 
 _current: Context | None = None
 
 
 def _job_distribution() -> dict:
-    import json
-
     raw = os.environ.get("TRAINYARD_DISTRIBUTION") or "{}"
     try:
         return json.loads(raw)
@@ -119,9 +115,8 @@ def init(distribution: dict | Parallelism | None = None) -> Context:
     dims = par.dims(world_size=world, processes_per_host=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
     d: Dist = init_distributed()
     dims.build_mesh(d.device.type)
-    _current = Context(rank=d.rank, world_size=d.world_size, local_rank=d.local_rank, device=d.device,
-                       backend=d.backend, processes_per_host=d.processes_per_host, parallelism=par, dims=dims)
-    atexit.register(_wait_for_saves)
+    _current = Context(**{f.name: getattr(d, f.name) for f in dataclasses.fields(Dist)}, parallelism=par, dims=dims)
+    atexit.register(wait_for_checkpoints)
     return _current
 
 
@@ -133,12 +128,13 @@ def current() -> Context:
 def finish() -> None:
     """Wait for checkpoints in flight and leave the process group (every rank calls it, at the end)."""
     global _current
-    _wait_for_saves()
+    wait_for_checkpoints()
     destroy_distributed()
     _current = None
 
 
-def _wait_for_saves() -> bool:
+def wait_for_checkpoints() -> bool:
+    """Finish the asynchronous saves in flight; False when one failed (it was reported and not committed)."""
     ok = True
     if _current is not None:
         for saver in _current._savers.values():
@@ -191,12 +187,8 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
 def rows(model: nn.Module, global_batch: torch.Tensor) -> torch.Tensor:
     """This rank's rows of a global batch for `model`'s layout (its data-parallel slice; the ranks of one
     TP/PP group get the same rows). Same as ctx.rows unless transform() was given its own distribution."""
-    dims = _layout(model).dims
-    dp, index = dims.dp, dims.coords(dist.get_rank())["dp"]
-    if global_batch.shape[0] % dp:
-        raise ValueError(f"a global batch of {global_batch.shape[0]} rows does not split over {dp} data-parallel "
-                         "ranks; use a multiple of the data-parallel degree")
-    return global_batch.chunk(dp)[index]
+    par = _layout(model)
+    return rank_rows(global_batch, par.coords["dp"], par.dims.dp)
 
 
 @contextlib.contextmanager
@@ -250,8 +242,6 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
     uri = _uri(uri, "save_checkpoint")
     ctx = current()
     if blocking:
-        import time
-
         t0 = time.perf_counter()
         saver = ctx._savers.get(uri)
         if saver is not None:
@@ -272,7 +262,7 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     place with the values saved under its keys."""
     _layout(model)
     uri = _uri(uri, "load_checkpoint")
-    _wait_for_saves()
+    wait_for_checkpoints()
     ctx = current()
     step = ckpt.resume(uri, model, optimizer, scheduler, extra=extra,
                        warn=lambda m: print(m, flush=True) if ctx.is_main else None)
@@ -291,8 +281,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return state if rank == 0 else {}
     # each stage gathers its own weights; the first rank of every stage sends them to rank 0
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    coords = par.dims.coords(rank)
-    leader = coords["dp"] == 0 and coords["tp"] == 0
+    leader = par.coords["dp"] == 0 and par.coords["tp"] == 0
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, {k: v.cpu() for k, v in state.items()} if leader else None)
     return {k: v for part in parts if part for k, v in part.items()} if rank == 0 else {}

@@ -73,7 +73,7 @@ class Trainer:
         self.params = count_parameters(model)
         self.model = api.transform(model, mixed_precision=None if self.dtype == torch.float32 else self.dtype,
                                    seed=cfg.seed)
-        self.layout = getattr(self.model, api._LAYOUT)
+        self.layout = api._layout(self.model)
         if hf_dir and _has_weights(hf_dir):
             report = api.load_pretrained(self.model, hf_dir)
             self.log(f"weights from {hf_dir}: {report['tensors']} tensors")
@@ -181,7 +181,7 @@ class Trainer:
                     self.stop(termination)
                     return False
         finally:
-            api._wait_for_saves()  # whatever happened, the save in flight completes (or reports) before exit
+            api.wait_for_checkpoints()  # whatever happened, the save in flight completes (or reports) before exit
             termination.restore()
             if metrics is not None:
                 metrics.close()
@@ -192,7 +192,7 @@ class Trainer:
         not saved and the deadline allows (a save cut short is never committed: nothing half-written loads)."""
         step = self.step
         self.log(f"SIGTERM: stopping after step {step}")
-        committed = api._wait_for_saves()
+        committed = api.wait_for_checkpoints()
         if not self.uri or (self.saved_step == step and committed):
             self.log(f"SIGTERM: {'no checkpoint location' if not self.uri else f'step {step} is already checkpointed'}")
             return

@@ -145,7 +145,8 @@ def rank_rows(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """This data-parallel rank's contiguous slice of the global batch's rows."""
     rows = batch.shape[0]
     if rows % world_size:
-        raise ValueError(f"global batch of {rows} rows does not split over {world_size} ranks")
+        raise ValueError(f"global batch of {rows} rows does not split over {world_size} ranks (the data-parallel "
+                         f"degree); use a multiple of {world_size} rows")
     per = rows // world_size
     return batch[rank * per:(rank + 1) * per]
 

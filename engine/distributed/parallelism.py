@@ -148,11 +148,9 @@ class Parallelism:
             mapped_mics, mapped = _from_smp(smp.get("parameters") or {})
             mics = {**mapped_mics, **mics}
             distribution = {**mapped, **distribution}
-        typed = {k: distribution[k] for k in _TYPED_KEYS if k in distribution and k != "mics"}
-        return cls(**{k: v for k, v in mics.items()}, **{k: v for k, v in typed.items() if v is not None or
-                                                          k in ("microbatches", "pipeline_split",
-                                                                "gradient_accumulation_steps", "mixed_precision",
-                                                                "gradient_clipping")})
+        # a null means the default (the typed form writes nulls for the keys whose default is null)
+        typed = {k: distribution[k] for k in _TYPED_KEYS if distribution.get(k) is not None and k != "mics"}
+        return cls(**mics, **typed)
 
     def dims(self, *, world_size: int, processes_per_host: int) -> ParallelDims:
         """The host-aware layout of this parallelism on a world (ValueError naming the degrees otherwise)."""

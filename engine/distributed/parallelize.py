@@ -43,6 +43,8 @@ class Parallelized:
     """The pieces as one module under the model's parameter names (the piece itself when there is one)."""
     stages: list[int]
     num_stages: int
+    coords: dict[str, int]
+    """This rank's index along every mesh dimension (`ParallelDims.coords`)."""
     mics: MiCSConfig
     pipeline: PipelineConfig | None = None
     two_hop: bool = True
@@ -114,7 +116,8 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     template = copy.deepcopy(model) if meta else None
     if dims.tp > 1:
         spec.check_tp(model, dims.tp)
-    stages, num_stages, parts = _cut(model, spec, dims, pipeline)
+    coords = dims.coords(dist.get_rank())
+    stages, num_stages, parts = _cut(model, spec, dims, coords["pp"], pipeline)
     sharded = dims.dp > 1 or mics.param_dtype not in (None, torch.float32)
     blocks_of = [spec.blocks(part) for part in parts]
     for part, blocks in zip(parts, blocks_of):
@@ -128,11 +131,12 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
         if meta:
             _materialise(part, spec, template, device, seed, init)
     one = parts[0] if len(parts) == 1 else RankModel(parts, [b for bs in blocks_of for b in bs])
-    return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, mics=mics,
+    return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, coords=coords,
+                        mics=mics,
                         pipeline=pipeline, two_hop=two_hop, sharded=sharded, device=device)
 
 
-def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pipeline: PipelineConfig | None):
+def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pp_rank: int, pipeline: PipelineConfig | None):
     if dims.pp == 1:
         return [0], 1, [model]
     if spec.stages is None:
@@ -141,7 +145,7 @@ def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pipeline: Pipeli
                          "decoder-only causal LMs without tied embeddings; use tensor or MiCS sharding instead")
     pipeline = pipeline or PipelineConfig(microbatches=dims.pp)
     num_stages = dims.pp * pipeline.virtual_stages
-    stages = rank_stages(dims.coords(dist.get_rank())["pp"], dims.pp, pipeline.virtual_stages)
+    stages = rank_stages(pp_rank, dims.pp, pipeline.virtual_stages)
     return stages, num_stages, [cut_stage(model, spec.stages, s, num_stages, pipeline.split) for s in stages]
 
 

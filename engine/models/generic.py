@@ -36,7 +36,7 @@ def blocks_selector(blocks) -> Callable[[nn.Module], list[nn.Module]]:
     def select(model: nn.Module) -> list[nn.Module]:
         if all(isinstance(w, str) and "." not in w and w[:1].isupper() for w in wanted) or \
                 all(isinstance(w, type) for w in wanted):
-            found = _by_class(model, wanted)
+            found = blocks_by_class(model, wanted)
         else:
             found = [model.get_submodule(str(w)) for w in wanted]
         if not found:
@@ -47,7 +47,8 @@ def blocks_selector(blocks) -> Callable[[nn.Module], list[nn.Module]]:
     return select
 
 
-def _by_class(model: nn.Module, classes: list) -> list[nn.Module]:
+def blocks_by_class(model: nn.Module, classes: list) -> list[nn.Module]:
+    """Every module of `classes` (types, or class names) not inside another one, in forward (definition) order."""
     def hit(m: nn.Module) -> bool:
         return any(type(m) is c if isinstance(c, type) else type(m).__name__ == c for c in classes)
 

@@ -18,6 +18,7 @@ import sys
 import torch
 from torch import nn
 
+from trainyard.engine.models.generic import blocks_by_class
 from trainyard.engine.models.spec import ModelSpec, StageSplit
 
 
@@ -46,20 +47,7 @@ def check_tp(model: nn.Module, tp: int) -> None:
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    found = []
-
-    def walk(m: nn.Module) -> None:
-        for child in m.children():
-            if child is None:
-                continue
-            if type(child).__name__ in names:
-                found.append(child)
-            else:
-                walk(child)
-
-    walk(model)
-    return found
+    return blocks_by_class(model, list(getattr(model, "_no_split_modules", None) or ()))
 
 
 def stage_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
