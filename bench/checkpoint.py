@@ -4,7 +4,7 @@
 
 One process, the built-in model with AdamW state after one step (fp32: parameters, two moments and the
 step counters), saved to and loaded from the embedded store (the moto S3 server over HTTP on 127.0.0.1,
-objects written through to disk) through `engine/components/checkpoint.py` (DCP + s3fs, checksums, tensors only).
+objects written through to disk) through `trainyard/engine/components/checkpoint.py` (DCP + s3fs, checksums, tensors only).
 The raw baseline puts and gets the same files, same sizes, with s3fs directly. Per entry: `bytes`,
 `seconds` (median of the repeats), `ratio_to_raw` (throughput / raw throughput, the median over the
 repeats of each repeat's ratio: the pair runs back to back, so machine noise cancels; goal >= 0.8) and

@@ -3,7 +3,7 @@
     python bench/pipeline.py [--t-fwd-ms 50] [--steps 3] [--ranks 2,3,4] [--json PATH]
 
 For p = 2, 3, 4 pipeline ranks (one launch of p spawned processes per p, gloo on 127.0.0.1, one process
-group for every configuration) and m = p, 2p, 4p micro-batches, each schedule of `engine/distributed/pipeline.py`
+group for every configuration) and m = p, 2p, 4p micro-batches, each schedule of `trainyard/engine/distributed/pipeline.py`
 (gpipe, 1f1b, interleaved_1f1b with v = 2 virtual stages) is built with `build_schedule` and stepped:
 1 warm-up step (shape inference), then `--steps` measured steps, each after a barrier; medians.
 

@@ -34,7 +34,7 @@ def one_run(model: str) -> dict:
     deadline = time.monotonic() + 240
     while not job.metrics():
         if job.status() != "InProgress" or time.monotonic() > deadline:
-            raise RuntimeError(f"{job.name} ended or stalled before step 1:\n{job.logs()[-2000:]}")
+            raise RuntimeError(f"{job.name} ended or stalled before step 1:\n{job.log_text()[-2000:]}")
         time.sleep(0.02)
     first_step = time.time() - t0
     job.wait(logs=False)

@@ -10,12 +10,17 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from trainyard import Estimator
-from trainyard.sdk.errors import ConfigError, JobFailedError
+from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.job.spec import build_spec
+from trainyard.sdk.aws.preflight import preflight
+from trainyard.sdk.aws.provision import Cluster
 
 from .conftest import IMAGE, Recorder, leftovers as _leftovers
 
-def _estimator(account, rec: Recorder, instance_type="ml.p4d.24xlarge", count=2, **kw) -> Estimator:
+
+def _estimator(account, rec: Recorder, instance_type="ml.p4d.24xlarge", count=2, **kw):
+    from trainyard import Estimator  # here: the tests that build a JobSpec directly do not need the Estimator
+
     return Estimator(entry_point="trainyard.engine.train", instance_type=instance_type, instance_count=count,
                      hyperparameters={"steps": 2, "global_batch_size": 64, "micro_batch_size": 1},
                      output_path="s3://ty-out/jobs", image_uri=IMAGE, role=account["role"],
@@ -147,9 +152,6 @@ def test_ec2_inputs_must_be_reachable_from_the_instances(account, tmp_path):
 
 def test_gc_removes_what_a_dead_job_left(account):
     from trainyard.sdk.aws.backend import gc
-    from trainyard.sdk.aws.preflight import preflight
-    from trainyard.sdk.aws.provision import Cluster
-    from trainyard.sdk.spec import build_spec
 
     session = boto3.Session()
     spec = build_spec(job_name="orphan", entry_point="trainyard.engine.train", entry_kind="module",
@@ -163,3 +165,96 @@ def test_gc_removes_what_a_dead_job_left(account):
     assert gc(session, say=said.append) == {} and "running; skipped" in said[-1]
     assert gc(session, say=said.append, include_running=True) == {"orphan": []}
     assert _leftovers("orphan") == {}
+
+
+def _spec(account, **kw):
+    fields = dict(job_name="tagged", entry_point="trainyard.engine.train", entry_kind="module",
+                  instance_type="p4d.24xlarge", instance_count=2, processes_per_host=8,
+                  output_path="s3://ty-out/jobs", image_uri=IMAGE, role=account["role"])
+    return build_spec(**{**fields, **kw})
+
+
+def _tag_specifications(params: dict) -> dict[str, dict[str, str]]:
+    """{resource type: tags} of a request's TagSpecification.N (a launch template's data too)."""
+    out: dict[str, dict[str, str]] = {}
+    for prefix in ("TagSpecification", "LaunchTemplateData.TagSpecification"):
+        for spec in _form(params, prefix):
+            tags = {t["Key"]: t["Value"] for t in _form(spec, "Tag")}
+            out.setdefault(spec["ResourceType"], {}).update(tags)
+    return out
+
+
+USER_TAGS = {"team": "ml", "cost-center": "4242", "Name": "my-run"}
+
+
+@pytest.mark.parametrize("spot", [False, True], ids=["on-demand", "spot"])
+def test_the_users_tags_volume_size_and_groups_are_on_what_the_launch_creates(account, spot):
+    rec = Recorder()
+    ec2 = boto3.client("ec2")
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    extra = [ec2.create_security_group(GroupName=f"corp-{i}", Description="the user's", VpcId=vpc)["GroupId"]
+             for i in range(2)]
+    job = f"tagged-{'spot' if spot else 'od'}"
+    spot_args = {"use_spot_instances": True, "max_wait": 7200, "max_run": 3600} if spot else {}
+    spec = _spec(account, job_name=job, tags=USER_TAGS, volume_size=120, security_group_ids=extra, **spot_args)
+    plan = preflight(spec, session=rec.session)
+    assert plan.root_volume_gib == 120 and plan.root_device_name == "/dev/sda1"  # moto's ami-12c6146b
+    assert "120 GB gp3 root volume on /dev/sda1" in plan.describe() and all(g in plan.describe() for g in extra)
+    cluster = Cluster(rec.session, job, say=lambda m: None)
+    cluster.provision(plan, lambda attempt: "#!/bin/bash\ntrue\n")
+    try:
+        want = {**USER_TAGS, "trainyard:job": job}
+        created = [(name, p) for name, p in rec.calls if name.startswith(("Create", "Run", "Authorize"))]
+        assert {n for n, _ in created} == {"CreateSubnet", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
+                                           "AuthorizeSecurityGroupEgress", "CreatePlacementGroup",
+                                           "CreateInstanceProfile", "CreateLaunchTemplate", "RunInstances"}
+        for name, params in created:
+            if name == "CreateInstanceProfile":  # IAM's own form
+                tags = {t["Key"]: t["Value"] for t in _form(params, "Tags.member")}
+                assert want.items() <= tags.items(), (name, tags)
+                continue
+            specs = _tag_specifications(params)
+            assert specs, name
+            for resource, tags in specs.items():
+                assert want.items() <= tags.items(), (name, resource, tags)
+        launched = {"instance", "volume", "network-interface"} | ({"spot-instances-request"} if spot else set())
+        (template,) = rec.params("CreateLaunchTemplate")
+        assert set(_tag_specifications(template)) == launched | {"launch-template"}
+        (run,) = rec.params("RunInstances")
+        run_tags = _tag_specifications(run)
+        assert set(run_tags) == launched and {t["trainyard:attempt"] for t in run_tags.values()} == {"1"}
+        # the root volume: volume_size GB on the AMI's root device
+        (mapping,) = _form(template, "LaunchTemplateData.BlockDeviceMapping")
+        assert mapping["DeviceName"] == "/dev/sda1" and mapping["Ebs.VolumeSize"] == "120"
+        assert mapping["Ebs.VolumeType"] == "gp3" and mapping["Ebs.Encrypted"] == "true"
+        # every interface: the job's EFA group first, then the user's
+        (own,) = cluster.ledger.ids("security-group")
+        nics = _form(template, "LaunchTemplateData.NetworkInterface")
+        assert len(nics) == 4 and all([n["SecurityGroupId.1"], n["SecurityGroupId.2"], n["SecurityGroupId.3"]]
+                                      == [own, *extra] for n in nics)
+        # and what moto holds
+        instances = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:trainyard:job", "Values": [job]}])[
+            "Reservations"] for i in r["Instances"]]
+        assert len(instances) == 2
+        for inst in instances:
+            assert want.items() <= {t["Key"]: t["Value"] for t in inst["Tags"]}.items()
+        group = ec2.describe_security_groups(GroupIds=[own])["SecurityGroups"][0]
+        assert want.items() <= {t["Key"]: t["Value"] for t in group["Tags"]}.items()
+    finally:
+        assert cluster.teardown() == []
+    assert _leftovers(job) == {}
+    assert {g["GroupId"] for g in ec2.describe_security_groups(GroupIds=extra)["SecurityGroups"]} == set(extra)
+
+
+def test_a_missing_security_group_fails_in_preflight_before_anything_is_created(account):
+    rec = Recorder()
+    ec2 = boto3.client("ec2")
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    there = ec2.create_security_group(GroupName="corp", Description="the user's", VpcId=vpc)["GroupId"]
+    spec = _spec(account, job_name="no-group", security_group_ids=[there, "sg-0123456789abcdef0"])
+    with pytest.raises(ConfigError) as caught:
+        preflight(spec, session=rec.session)
+    assert caught.value.field == "security_group_ids" and "sg-0123456789abcdef0" in str(caught.value)
+    assert there not in str(caught.value)
+    assert rec.created() == [] and rec.params("DescribeSecurityGroups")
+    assert _leftovers("no-group") == {}

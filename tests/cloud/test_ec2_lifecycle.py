@@ -19,7 +19,8 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.sdk.aws.userdata import agent_command
-from trainyard.sdk.local import free_port, open_job
+from trainyard.sdk.backends import open_job
+from trainyard.sdk.local import free_port
 from tests.container.fake_imds import FakeImds
 
 from .conftest import IMAGE, Recorder, leftovers
@@ -105,11 +106,11 @@ def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
         d = _wait(job)
     finally:
         instances.stop()
-    assert d["TrainingJobStatus"] == "Completed", (d.get("FailureReason"), job.logs()[-3000:])
+    assert d["TrainingJobStatus"] == "Completed", (d.get("FailureReason"), job.log_text()[-3000:])
     seen = [t["Status"] for t in d["SecondaryStatusTransitions"]]
     assert seen[:2] == ["Starting", "Provisioning"] and seen[-1] == "Completed"
     assert [s for s in seen if s in ("Downloading", "Training", "Uploading")] == ["Downloading", "Training", "Uploading"]
-    logs = job.logs()  # mirrored from CloudWatch Logs by the controller
+    logs = job.log_text()  # mirrored from CloudWatch Logs by the controller
     assert "[algo-1/0]" in logs and "[algo-2/1]" in logs and "step 4/4" in logs
     bucket, key = d["ModelArtifacts"]["S3ModelArtifacts"][len("s3://"):].split("/", 1)
     assert boto3.client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
@@ -132,13 +133,13 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
         deadline = time.monotonic() + 240
         while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert any(list_steps(ckpt).values()), job.logs()[-3000:]
+        assert any(list_steps(ckpt).values()), job.log_text()[-3000:]
         instances.interrupt()  # the two-minute notice on both instances
         instances.start(attempt=2, timeout=180)
         deadline = time.monotonic() + 240
-        while "resumed from step" not in job.logs() and time.monotonic() < deadline:
+        while "resumed from step" not in job.log_text() and time.monotonic() < deadline:
             time.sleep(0.5)
-        logs = job.logs()
+        logs = job.log_text()
         job.stop()
     finally:
         instances.stop()

@@ -12,8 +12,8 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from trainyard.sdk.aws.preflight import Plan, preflight, prices
-from trainyard.sdk.errors import ConfigError
-from trainyard.sdk.spec import build_spec
+from trainyard.job.errors import ConfigError
+from trainyard.job.spec import build_spec
 
 ACCOUNT = "123456789012"  # moto's default account
 TRUST = {"Version": "2012-10-17", "Statement": [
@@ -314,11 +314,85 @@ def test_no_region(account, monkeypatch, tmp_path):
 
 
 def test_price_table_covers_the_catalog():
-    from trainyard.sdk import catalog
+    from trainyard.job import catalog
 
     table = prices()
     assert table["as_of"] == "2026-11-01" and table["currency"] == "USD" and 0 < table["spot_discount_estimate"] < 1
     priced = set(table["on_demand"]["us-east-1"])
+    ec2_types = set(catalog.known_types()) - {catalog.LOCAL, catalog.LOCAL_GPU}
     # every catalog type has a us-east-1 list price, except p5e (Capacity Blocks only, no On-Demand price)
-    assert set(catalog.known_types()) - {"local"} - priced == {"p5e.48xlarge"}
+    assert ec2_types - priced == {"p5e.48xlarge"}
     assert all(v > 0 for region in table["on_demand"].values() for v in region.values())
+
+
+def default_vpc() -> str:
+    return boto3.client("ec2").describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+
+
+def group_in(vpc: str, name: str) -> str:
+    return boto3.client("ec2").create_security_group(GroupName=name, Description="the user's", VpcId=vpc)["GroupId"]
+
+
+def test_security_groups_exist_in_the_vpc_the_instances_launch_in(account):
+    ec2 = boto3.client("ec2")
+    mine = [group_in(default_vpc(), "corp-a"), group_in(default_vpc(), "corp-b")]
+    calls = []
+    plan = run(spec(account, security_group_ids=mine), calls=calls)
+    assert plan.security_group_ids == tuple(mine) and "ec2.DescribeSecurityGroups" in calls
+    assert f"the job's EFA group and {mine[0]}, {mine[1]} on every interface" in plan.describe()
+    # one that does not exist: named, and nothing else is
+    with pytest.raises(ConfigError) as e:
+        run(spec(account, security_group_ids=[mine[0], "sg-0123456789abcdef0"]))
+    assert e.value.field == "security_group_ids" and "sg-0123456789abcdef0 not found" in str(e.value)
+    assert mine[0] not in str(e.value)
+    # one of another VPC than the subnets'
+    other_vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    stranger = group_in(other_vpc, "elsewhere")
+    with pytest.raises(ConfigError) as e:
+        run(spec(account, security_group_ids=[stranger]))
+    assert e.value.field == "security_group_ids" and f"{stranger} (in {other_vpc})" in str(e.value)
+    assert "default VPC" in str(e.value)
+    zone = offered("p4d.24xlarge")[0]
+    with pytest.raises(ConfigError) as e:
+        run(spec(account, subnets=[subnet_in(zone)], security_group_ids=[stranger]))
+    assert e.value.field == "security_group_ids" and default_vpc() in str(e.value)
+    # subnets of the group's VPC: accepted
+    theirs = ec2.create_subnet(VpcId=other_vpc, CidrBlock="10.9.0.0/20", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    plan = run(spec(account, subnets=[theirs], security_group_ids=[stranger]))
+    assert plan.subnets_to_try == (theirs,) and plan.security_group_ids == (stranger,)
+
+
+def test_root_volume_is_volume_size_on_the_amis_root_device(account, monkeypatch):
+    # no AMI to read (moto's SSM has no Deep Learning AMI parameter): the size asked for, and a note
+    plan = run(spec(account))
+    assert plan.volume_size == plan.root_volume_gib == 30 and plan.root_device_name is None
+    assert any("root volume 30 GB not checked" in n for n in plan.notes)
+    assert "30 GB gp3 root volume per instance" in plan.describe() and "60 GB in all" in plan.describe()
+    monkeypatch.setenv("TRAINYARD_AMI_ID", "ami-12c6146b")  # moto's: root device /dev/sda1, a 15 GB snapshot
+    calls = []
+    plan = run(spec(account, volume_size=500), calls=calls)
+    assert "ec2.DescribeImages" in calls
+    assert (plan.ami_id, plan.root_device_name, plan.root_volume_gib) == ("ami-12c6146b", "/dev/sda1", 500)
+    assert "500 GB gp3 root volume on /dev/sda1 per instance (AMI ami-12c6146b)" in plan.describe()
+    # smaller than the AMI's snapshot, which EC2 would refuse: the snapshot's size, said in a note
+    plan = run(spec(account, volume_size=8))
+    assert plan.volume_size == 8 and plan.root_volume_gib == 15
+    assert any("volume_size=8 GB is smaller than the root snapshot" in n for n in plan.notes)
+    monkeypatch.setenv("TRAINYARD_AMI_ID", "ami-0123456789abcdef0")
+    with pytest.raises(ConfigError) as e:
+        run(spec(account))
+    assert e.value.field == "TRAINYARD_AMI_ID" and "ami-0123456789abcdef0 not found" in str(e.value)
+
+
+def test_tags_are_checked_and_planned(account):
+    plan = run(spec(account, tags=[{"Key": "team", "Value": "ml"}, {"Key": "env", "Value": "dev"}]))
+    assert plan.tags == {"team": "ml", "env": "dev"}
+    assert "tags:      team=ml, env=dev (with trainyard:job) on every resource created" in plan.describe()
+    # refused before any call
+    with pytest.raises(ConfigError) as e:
+        preflight(spec(account, tags={"trainyard:job": "someone-else"}), session=boto3.Session())
+    assert e.value.field == "tags" and "'trainyard:job'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        preflight(spec(account, tags={f"k{i}": "v" for i in range(48)}), session=boto3.Session())
+    assert e.value.field == "tags" and "48 tags" in str(e.value) and "50" in str(e.value)
+    assert run(spec(account, tags={f"k{i}": "v" for i in range(47)})).tags["k46"] == "v"

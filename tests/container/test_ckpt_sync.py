@@ -47,7 +47,7 @@ def test_sync_uploads_stable_files_and_changes_and_a_last_time_at_stop(s3_bucket
 
 
 def test_failed_uploads_are_reported_and_retried(s3_bucket, tmp_path, monkeypatch):
-    from trainyard.sdk import storage
+    from trainyard.job import storage
 
     local = tmp_path / "checkpoints"
     local.mkdir()

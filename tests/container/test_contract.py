@@ -1,8 +1,8 @@
 """The contract renderer: exact files and variables, as SageMaker's toolkit would produce them."""
 import json
 
-from trainyard.container.contract import hp_arg, render_contract, user_args
-from trainyard.sdk.spec import build_spec
+from trainyard.container.contract import hp_env, render_contract, user_args
+from trainyard.job.spec import build_spec
 
 
 def _spec(**kw):
@@ -57,8 +57,23 @@ def test_environment_variables():
     assert env["SM_CHANNEL_TEST"] == "/opt/ml/input/data/test"
     assert json.loads(env["SM_HPS"]) == {"epochs": 10, "lr": 0.5, "name": "abc", "flag": False, "layers": [1, 2]}
     assert env["SM_HP_EPOCHS"] == "10" and env["SM_HP_NAME"] == "abc" and env["SM_HP_FLAG"] == "false"
+    # the training toolkit's mapping.to_cmd_args: str(value), so False and [1, 2] read as Python literals
     assert json.loads(env["SM_USER_ARGS"]) == [
-        "--epochs", "10", "--flag", "false", "--layers", "[1,2]", "--lr", "0.5", "--name", "abc"]
+        "--epochs", "10", "--flag", "False", "--layers", "[1, 2]", "--lr", "0.5", "--name", "abc"]
+    assert env["SM_HP_LAYERS"] == "[1, 2]"
+    # instance groups: one homogeneous group, as SageMaker describes a single-type job
+    assert json.loads(env["SM_INSTANCE_GROUPS"]) == ["homogeneousCluster"]
+    assert json.loads(env["SM_INSTANCE_GROUPS_DICT"]) == {"homogeneousCluster": {
+        "instance_group_name": "homogeneousCluster", "instance_type": "ml.p4d.24xlarge",
+        "hosts": ["algo-1", "algo-2", "algo-3"]}}
+    assert env["SM_CURRENT_INSTANCE_GROUP"] == "homogeneousCluster"
+    assert json.loads(env["SM_CURRENT_INSTANCE_GROUP_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
+    assert json.loads(env["SM_DISTRIBUTION_INSTANCE_GROUPS"]) == ["homogeneousCluster"]
+    assert env["SM_IS_HETERO"] == "false" and env["SM_LOG_LEVEL"] == "20"
+    assert json.loads(env["SM_FRAMEWORK_PARAMS"]) == {
+        "sagemaker_program": "train.py", "sagemaker_submit_directory": "s3://bkt/code/sourcedir.tar.gz",
+        "sagemaker_container_log_level": 20, "sagemaker_job_name": "job-1"}
+    assert env["SM_FRAMEWORK_MODULE"]
     assert env["SM_MODEL_DIR"] == "/opt/ml/model"
     assert env["SM_INPUT_DIR"] == "/opt/ml/input"
     assert env["SM_INPUT_CONFIG_DIR"] == "/opt/ml/input/config"
@@ -110,8 +125,21 @@ def test_hosts_sorted_by_index_not_as_strings():
 
 
 def test_hyperparameter_encoding():
-    assert hp_arg("x y") == "x y" and hp_arg(True) == "true" and hp_arg({"a": 1}) == '{"a":1}'
-    assert user_args({"b": 1, "a": "z"}) == ["--a", "z", "--b", "1"]
+    """SM_HP_* are JSON for non-strings; the command line is the toolkit's to_cmd_args."""
+    assert hp_env("x y") == "x y" and hp_env(True) == "true" and hp_env({"a": 1}) == '{"a": 1}'
+    assert user_args({"bb": 1, "aa": "z"}) == ["--aa", "z", "--bb", "1"]
+    assert user_args({"k": 3, "use-cuda": False, "d": {"b": 2, "a": 1}, "none": None, "f": 0.001}) == [
+        "-d", "a=1,b=2", "-f", "0.001", "-k", "3", "--none", "", "--use-cuda", "False"]
+
+
+def test_framework_params_say_the_launcher():
+    mpi = {"mpi": {"enabled": True, "processes_per_host": 8, "custom_mpi_options": "-x NCCL_DEBUG=INFO"}}
+    params = json.loads(render_contract(_spec(distribution=mpi), 0).env["SM_FRAMEWORK_PARAMS"])
+    assert params["sagemaker_mpi_enabled"] is True and params["sagemaker_mpi_num_of_processes_per_host"] == 8
+    assert params["sagemaker_mpi_custom_mpi_options"] == "-x NCCL_DEBUG=INFO"
+    td = {"torch_distributed": {"enabled": True}}
+    assert json.loads(render_contract(_spec(distribution=td), 0).env["SM_FRAMEWORK_PARAMS"])[
+        "sagemaker_torch_distributed_enabled"] is True
 
 
 def test_local_instance_and_module_entry():

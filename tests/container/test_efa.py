@@ -239,7 +239,7 @@ def test_probe_switch_and_port():
 
 
 def _dockerfile() -> str:
-    with open(os.path.join(ROOT, "container", "Dockerfile")) as fh:
+    with open(os.path.join(ROOT, "trainyard", "container", "Dockerfile")) as fh:
         return fh.read()
 
 

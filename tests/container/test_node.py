@@ -14,9 +14,10 @@ import urllib.request
 import boto3
 import pytest
 
-from trainyard.container import logship, node
+from trainyard.container import hostnames, imds, logship, node, peers, staging
+from trainyard.job.storage import shard
 from trainyard.sdk import packaging
-from trainyard.sdk.spec import build_spec
+from trainyard.job.spec import build_spec
 
 from .fake_imds import FakeImds
 
@@ -90,12 +91,13 @@ def _job(aws, name: str, *, hyperparameters: dict, count: int = 1, channels=(), 
     return spec, state_uri, [i["InstanceId"] for i in instances]
 
 
-def _start_agent(state_uri: str, imds: FakeImds, root, fsx_root, *, port: int, attempt: int = 1) -> subprocess.Popen:
-    env = {**os.environ, "TRAINYARD_IMDS_ENDPOINT": imds.url, "TRAINYARD_MASTER_ADDR": "127.0.0.1",
+def _start_agent(state_uri: str, fake: FakeImds, root, fsx_root, *, port: int, attempt: int = 1) -> subprocess.Popen:
+    """The agent as a process; its hosts file is `<root>.hosts` (the machine's /etc/hosts stays as it is)."""
+    env = {**os.environ, "TRAINYARD_IMDS_ENDPOINT": fake.url, "TRAINYARD_MASTER_ADDR": "127.0.0.1",
            "TRAINYARD_MASTER_PORT": str(port), "TRAINYARD_FSX_ROOT": str(fsx_root), "TRAINYARD_SPOT_POLL_S": "0.2",
            "TRAINYARD_PEER_WAIT_S": "60", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "trainyard.container.node", "--state-uri", state_uri, "--region", "us-east-1",
-           "--attempt", str(attempt), "--root", str(root)]
+           "--attempt", str(attempt), "--root", str(root), "--hosts-file", f"{root}.hosts"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -155,8 +157,8 @@ def test_agent_downloads_runs_logs_and_reports_completed(aws, tmp_path):
                 {"name": "ref", "uri": "fsx://fs-0123456789abcdef0/refdata"}]
     spec, state_uri, ids = _job(aws, "node-ok", hyperparameters={"mode": "ok"}, channels=channels)
     root = tmp_path / "ml"
-    with FakeImds(0, ids[0]) as imds:
-        code, out = _finish(_start_agent(state_uri, imds, root, fsx, port=_free_port()))
+    with FakeImds(0, ids[0]) as fake:
+        code, out = _finish(_start_agent(state_uri, fake, root, fsx, port=_free_port()))
     assert code == 0, out[-4000:]
 
     history = _statuses(aws, state_uri, "algo-1")
@@ -185,17 +187,17 @@ def test_agent_downloads_runs_logs_and_reports_completed(aws, tmp_path):
 def test_spot_notice_stops_the_driver_with_sigterm_and_reports_interrupted(aws, tmp_path):
     marker = tmp_path / "sigterm-marker"
     spec, state_uri, ids = _job(aws, "node-spot", hyperparameters={"mode": "long", "marker": str(marker)})
-    with FakeImds(0, ids[0]) as imds:
-        proc = _start_agent(state_uri, imds, tmp_path / "ml", tmp_path / "fsx", port=_free_port())
+    with FakeImds(0, ids[0]) as fake:
+        proc = _start_agent(state_uri, fake, tmp_path / "ml", tmp_path / "fsx", port=_free_port())
         try:
             _wait_for(f"{marker}.started", JOB_TIMEOUT_S, proc)
             time.sleep(0.5)  # a few steps on the log
-            notice = imds.interrupt()
+            notice = fake.interrupt()
             code, out = _finish(proc, timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        assert imds.count("/latest/meta-data/spot/instance-action") >= 2
+        assert fake.count("/latest/meta-data/spot/instance-action") >= 2
     assert marker.read_text() == "SIGTERM", out[-4000:]  # the signal reached the training process
     assert code == 128 + 15, out[-4000:]
     history = _statuses(aws, state_uri, "algo-1")
@@ -213,8 +215,8 @@ def test_spot_notice_stops_the_driver_with_sigterm_and_reports_interrupted(aws, 
 @pytest.mark.slow
 def test_failing_script_reports_failed_with_the_reason(aws, tmp_path):
     spec, state_uri, ids = _job(aws, "node-fail", hyperparameters={"mode": "fail"})
-    with FakeImds(0, ids[0]) as imds:
-        code, out = _finish(_start_agent(state_uri, imds, tmp_path / "ml", tmp_path / "fsx", port=_free_port()))
+    with FakeImds(0, ids[0]) as fake:
+        code, out = _finish(_start_agent(state_uri, fake, tmp_path / "ml", tmp_path / "fsx", port=_free_port()))
     assert code == 1, out[-4000:]
     final = _statuses(aws, state_uri, "algo-1")[-1]
     assert final["phase"] == "Failed" and final["exit_code"] == 1
@@ -230,10 +232,12 @@ def test_two_instances_find_each_other_and_shard_the_data(aws, tmp_path):
         aws["s3"].put_object(Bucket="jobs", Key=f"data/shards/part-{i}.txt", Body=f"shard {i}".encode())
     channels = [{"name": "train", "uri": "s3://jobs/data/shards", "distribution": "ShardedByS3Key"}]
     spec, state_uri, ids = _job(aws, "node-two", hyperparameters={"mode": "ok"}, count=2, channels=channels)
+    # the first host's /etc/hosts already has lines of its own, one of them naming algo-2 wrongly
+    (tmp_path / "ml0.hosts").write_text("127.0.0.1 localhost\n10.9.9.9 algo-2 stale-name\n")
     port = _free_port()
     with FakeImds(0, ids[0]) as a, FakeImds(1, ids[1]) as b:
-        procs = [_start_agent(state_uri, imds, tmp_path / f"ml{i}", tmp_path / "fsx", port=port)
-                 for i, imds in enumerate((a, b))]
+        procs = [_start_agent(state_uri, fake, tmp_path / f"ml{i}", tmp_path / "fsx", port=port)
+                 for i, fake in enumerate((a, b))]
         results = [_finish(p) for p in procs]
     for code, out in results:
         assert code == 0, out[-4000:]
@@ -245,12 +249,22 @@ def test_two_instances_find_each_other_and_shard_the_data(aws, tmp_path):
     assert "[algo-2/1] train file part-3.txt: shard 3" in lines
     assert not any("algo-1/" in l for l in lines)  # each stream holds its own host's lines
 
+    # every host's hosts file names all hosts by their private addresses, as DescribeInstances has them
+    reply = aws["ec2"].describe_instances(InstanceIds=ids)
+    ip = {i["InstanceId"]: i["PrivateIpAddress"] for r in reply["Reservations"] for i in r["Instances"]}
+    assert ip[ids[0]] != ip[ids[1]]
+    for i in range(2):
+        text = (tmp_path / f"ml{i}.hosts").read_text()
+        assert hostnames.marked_names(text) == {"algo-1": ip[ids[0]], "algo-2": ip[ids[1]]}, text
+    assert (tmp_path / "ml0.hosts").read_text().startswith("127.0.0.1 localhost\n10.9.9.9 stale-name\n")
+    assert f"[algo-2 agent] host names in {tmp_path}/ml1.hosts: algo-1 {ip[ids[0]]}, algo-2 {ip[ids[1]]}" in lines
+
 
 def test_agent_reports_a_bad_spec_as_failed(aws, tmp_path):
     _, state_uri, ids = _job(aws, "node-nospec", hyperparameters={"mode": "ok"})
     aws["s3"].delete_object(Bucket="jobs", Key="out/node-nospec/trainyard/spec.json")
-    with FakeImds(0, ids[0]) as imds:
-        code, out = _finish(_start_agent(state_uri, imds, tmp_path / "ml", tmp_path / "fsx", port=_free_port()))
+    with FakeImds(0, ids[0]) as fake:
+        code, out = _finish(_start_agent(state_uri, fake, tmp_path / "ml", tmp_path / "fsx", port=_free_port()))
     assert code == 1
     final = _statuses(aws, state_uri, "algo-1")[-1]
     assert final["phase"] == "Failed" and "algo-1 agent: NoSuchKey" in final["failure_reason"], final
@@ -259,8 +273,8 @@ def test_agent_reports_a_bad_spec_as_failed(aws, tmp_path):
 def test_agent_stopped_while_waiting_for_peers_reports_interrupted(aws, tmp_path):
     spec, state_uri, ids = _job(aws, "node-stop", hyperparameters={"mode": "ok"}, count=2)
     aws["ec2"].terminate_instances(InstanceIds=[ids[1]])  # the second instance never comes
-    with FakeImds(0, ids[0]) as imds:
-        proc = _start_agent(state_uri, imds, tmp_path / "ml", tmp_path / "fsx", port=_free_port())
+    with FakeImds(0, ids[0]) as fake:
+        proc = _start_agent(state_uri, fake, tmp_path / "ml", tmp_path / "fsx", port=_free_port())
         try:
             deadline = time.monotonic() + 60
             while not _statuses(aws, state_uri, "algo-1") and time.monotonic() < deadline:
@@ -281,27 +295,45 @@ def test_agent_stopped_while_waiting_for_peers_reports_interrupted(aws, tmp_path
 # -- the pieces ----------------------------------------------------------------------------------
 
 
+def test_agent_adds_host_names_in_place_and_goes_on_without_write_access(tmp_path, capsys):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    inode = hosts.stat().st_ino
+    agent = node.Agent(state_uri="s3://b/job/trainyard", region="us-east-1", attempt=1, root=str(tmp_path / "ml"),
+                       hosts_file=str(hosts))
+    agent._add_host_names({"algo-1": "10.0.0.5", "algo-2": "10.0.1.7"})
+    agent._add_host_names({"algo-1": "10.0.0.5", "algo-2": "10.0.1.8"})  # a second run replaces the lines
+    assert hosts.read_text() == "127.0.0.1 localhost\n10.0.0.5\talgo-1\t# trainyard\n10.0.1.8\talgo-2\t# trainyard\n"
+    assert hosts.stat().st_ino == inode  # rewritten in place: Docker bind-mounts /etc/hosts, a rename fails there
+    blocked = node.Agent(state_uri="s3://b/job/trainyard", region="us-east-1", attempt=1, root=str(tmp_path / "ml"),
+                         hosts_file=str(tmp_path / "missing-dir" / "hosts"))
+    blocked._add_host_names({"algo-1": "10.0.0.5"})  # no exception: the job goes on
+    out = capsys.readouterr().out
+    assert f"host names in {hosts}: algo-1 10.0.0.5, algo-2 10.0.1.8" in out
+    assert f"warning: could not add the host names to {tmp_path}/missing-dir/hosts" in out
+
+
 def test_imds_client_uses_v2_tokens_and_sees_the_notice():
     with FakeImds(3, "i-0abc", local_ipv4="10.1.2.3") as fake:
         with pytest.raises(urllib.error.HTTPError) as e:  # IMDSv1 (no token) is refused
             urllib.request.urlopen(f"{fake.url}/latest/meta-data/instance-id", timeout=5)
         assert e.value.code == 401
-        imds = node.Imds(fake.url)
-        assert imds.require("/latest/meta-data/ami-launch-index") == "3"
-        assert imds.require("/latest/meta-data/instance-id") == "i-0abc"
-        assert imds.get("/latest/meta-data/local-ipv4") == "10.1.2.3"
-        assert imds.get(node.SpotWatcher.PATH) is None
+        client = imds.Imds(fake.url)
+        assert client.require("/latest/meta-data/ami-launch-index") == "3"
+        assert client.require("/latest/meta-data/instance-id") == "i-0abc"
+        assert client.get("/latest/meta-data/local-ipv4") == "10.1.2.3"
+        assert client.get(imds.SpotWatcher.PATH) is None
         notice = fake.interrupt()
-        assert json.loads(imds.get(node.SpotWatcher.PATH)) == notice and notice["action"] == "terminate"
+        assert json.loads(client.get(imds.SpotWatcher.PATH)) == notice and notice["action"] == "terminate"
         assert fake.count("/latest/api/token") == 1  # one token serves every request
     with pytest.raises(ConnectionError, match="unreachable"):
-        node.Imds(fake.url, timeout=0.5, tries=1).get("/latest/meta-data/instance-id")
+        imds.Imds(fake.url, timeout=0.5, tries=1).get("/latest/meta-data/instance-id")
 
 
 def test_spot_watcher_calls_back_once():
     seen = []
     with FakeImds(0, "i-1") as fake:
-        w = node.SpotWatcher(node.Imds(fake.url), 0.05, seen.append, lambda m: None).start()
+        w = imds.SpotWatcher(imds.Imds(fake.url), 0.05, seen.append, lambda m: None).start()
         time.sleep(0.3)
         assert seen == []
         fake.interrupt()
@@ -360,22 +392,22 @@ def test_peer_discovery_orders_by_launch_index_and_times_out_clearly(aws):
     r = ec2.run_instances(ImageId="ami-12c6146b", MinCount=3, MaxCount=3, TagSpecifications=tags("peers", 2))
     ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, TagSpecifications=tags("peers", 1))
     ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, TagSpecifications=tags("other", 2))
-    peers = node.find_peers(ec2, "peers", 2, 3, timeout=5, poll=0.1)
+    found = peers.find_peers(ec2, "peers", 2, 3, timeout=5, poll=0.1)
     by_index = {i["AmiLaunchIndex"]: i for i in r["Instances"]}
-    assert [p.launch_index for p in peers] == [0, 1, 2]
-    assert [p.instance_id for p in peers] == [by_index[k]["InstanceId"] for k in range(3)]
-    assert peers[0].private_ip == by_index[0]["PrivateIpAddress"]
+    assert [p.launch_index for p in found] == [0, 1, 2]
+    assert [p.instance_id for p in found] == [by_index[k]["InstanceId"] for k in range(3)]
+    assert [p.private_ip for p in found] == [by_index[k]["PrivateIpAddress"] for k in range(3)]
     ec2.terminate_instances(InstanceIds=[by_index[2]["InstanceId"]])
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"only 2 of 3 instances"):
-        node.find_peers(ec2, "peers", 2, 3, timeout=0.5, poll=0.1, say=lambda m: None)
+        peers.find_peers(ec2, "peers", 2, 3, timeout=0.5, poll=0.1, say=lambda m: None)
     assert time.monotonic() - t0 < 10
 
 
 def test_host_index_tag_orders_instances_launched_one_by_one(aws):
     """Terraform launches each instance alone (launch index 0 for all): the trainyard:host-index tag
     names the host; without the tag (the EC2 backend's one RunInstances) the launch index does."""
-    from trainyard.sdk.aws.facts import HOST_INDEX_TAG
+    from trainyard.job.facts import HOST_INDEX_TAG
 
     ec2 = aws["ec2"]
     ids = {}
@@ -386,33 +418,35 @@ def test_host_index_tag_orders_instances_launched_one_by_one(aws):
                                  TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"][0]
         assert inst["AmiLaunchIndex"] == 0
         ids[index] = inst["InstanceId"]
-    peers = node.find_peers(ec2, "tf-job", 1, 3, timeout=5, poll=0.1)
-    assert [p.launch_index for p in peers] == [0, 1, 2]
-    assert [p.instance_id for p in peers] == [ids[0], ids[1], ids[2]]
-    assert [node.own_host_index(ec2, ids[i]) for i in range(3)] == [0, 1, 2]
+    found = peers.find_peers(ec2, "tf-job", 1, 3, timeout=5, poll=0.1)
+    assert [p.launch_index for p in found] == [0, 1, 2]
+    assert [p.instance_id for p in found] == [ids[0], ids[1], ids[2]]
+    assert [peers.own_host_index(ec2, ids[i]) for i in range(3)] == [0, 1, 2]
 
     untagged = ec2.run_instances(ImageId="ami-12c6146b", MinCount=2, MaxCount=2)["Instances"]
-    assert sorted(node.own_host_index(ec2, i["InstanceId"]) for i in untagged) == [0, 1]
-    assert node.host_index({"AmiLaunchIndex": 3, "Tags": [{"Key": "Name", "Value": "x"}]}) == 3
-    assert node.host_index({"AmiLaunchIndex": 0, "Tags": [{"Key": HOST_INDEX_TAG, "Value": "7"}]}) == 7
+    assert sorted(peers.own_host_index(ec2, i["InstanceId"]) for i in untagged) == [0, 1]
+    assert peers.host_index({"AmiLaunchIndex": 3, "Tags": [{"Key": "Name", "Value": "x"}]}) == 3
+    assert peers.host_index({"AmiLaunchIndex": 0, "Tags": [{"Key": HOST_INDEX_TAG, "Value": "7"}]}) == 7
     with pytest.raises(Exception):  # no such instance: retried, then the error surfaces
-        node.own_host_index(ec2, "i-0123456789abcdef0", tries=2, wait=0.01)
+        peers.own_host_index(ec2, "i-0123456789abcdef0", tries=2, wait=0.01)
 
 
 def test_sharding_and_fsx_links(tmp_path):
     files = [(f"s3://b/p/{i}", str(i), 1) for i in range(5)]
-    assert node.shard(files, 1, 2, "ShardedByS3Key") == [files[1], files[3]]
-    assert node.shard(files, 1, 2, "FullyReplicated") == files
+    assert shard(files, 1, 2, "ShardedByS3Key") == [files[1], files[3]]
+    assert shard(files, 1, 2, "FullyReplicated") == files
     fsx = tmp_path / "fsx"
     dest = tmp_path / "ml/input/data/ref"
+    said = []
     with pytest.raises(FileNotFoundError, match="is fs-0123456789abcdef0 mounted"):
-        node.stage_channel("fsx://fs-0123456789abcdef0/x", str(dest), distribution="FullyReplicated",
-                           host_index=0, host_count=1, fsx_root=str(fsx))
+        staging.stage_channel("ref", "fsx://fs-0123456789abcdef0/x", str(dest), distribution="FullyReplicated",
+                              host_index=0, host_count=1, fsx_root=str(fsx), say=said.append)
     (fsx / "fs-0123456789abcdef0" / "x").mkdir(parents=True)
     dest.mkdir(parents=True)  # an empty folder from the contract is replaced by the link
-    assert node.stage_channel("fsx://fs-0123456789abcdef0/x", str(dest), distribution="FullyReplicated",
-                              host_index=0, host_count=1, fsx_root=str(fsx)) == (0, 0)
+    assert staging.stage_channel("ref", "fsx://fs-0123456789abcdef0/x", str(dest), distribution="FullyReplicated",
+                                 host_index=0, host_count=1, fsx_root=str(fsx), say=said.append) == (0, 0)
     assert os.readlink(dest) == str(fsx / "fs-0123456789abcdef0" / "x")
+    assert said == [f"channel ref: linked to {fsx}/fs-0123456789abcdef0/x from fsx://fs-0123456789abcdef0/x"]
 
 
 def test_state_uri_names_the_job():

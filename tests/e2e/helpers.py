@@ -56,7 +56,7 @@ def assert_no_processes_left(job, timeout=10.0):
 def wait_for_log(job, text, timeout=120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if text in job.logs():
+        if text in job.log_text():
             return
         time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in the logs of {job.name}:\n{job.logs()[-3000:]}")
+    raise AssertionError(f"{text!r} never appeared in the logs of {job.name}:\n{job.log_text()[-3000:]}")

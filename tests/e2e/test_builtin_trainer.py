@@ -52,7 +52,7 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
     again.fit(logs=False)
     m2 = again.latest_training_job.metrics()
     assert [r["step"] for r in m2] == [11, 12, 13]
-    assert "resumed from step 10 at s3://e2e-ckpt/run-1" in again.latest_training_job.logs()
+    assert "resumed from step 10 at s3://e2e-ckpt/run-1" in again.latest_training_job.log_text()
 
 
 def test_loss_curve_independent_of_process_count_and_layout():
@@ -63,8 +63,8 @@ def test_loss_curve_independent_of_process_count_and_layout():
     for name, est in runs.items():
         est.fit(logs=False)
         curves[name] = [r["loss"] for r in est.latest_training_job.metrics()]
-    assert "partition groups of 2 x 2 replica(s)" in runs["mics"].latest_training_job.logs()
-    assert "partition groups of 4 x 1 replica(s)" in runs["zero3"].latest_training_job.logs()
+    assert "partition groups of 2 x 2 replica(s)" in runs["mics"].latest_training_job.log_text()
+    assert "partition groups of 4 x 1 replica(s)" in runs["zero3"].latest_training_job.log_text()
     for name in ("zero3", "mics"):
         assert len(curves[name]) == 5
         for x, y in zip(curves["one"], curves[name]):
@@ -82,7 +82,7 @@ def test_stop_writes_an_emergency_checkpoint_and_the_next_run_resumes_there(monk
     wait_for_log(job, "step 3/400", timeout=240)
     job.stop()
     assert job.describe()["TrainingJobStatus"] == "Stopped"
-    logs = job.logs()
+    logs = job.log_text()
     assert "emergency checkpoint step" in logs, logs[-3000:]
     step = int(logs.split("emergency checkpoint step ")[1].split()[0])
     assert step >= 3 and f"SIGTERM: stopping after step {step}" in logs
@@ -95,5 +95,5 @@ def test_stop_writes_an_emergency_checkpoint_and_the_next_run_resumes_there(monk
     assert_no_processes_left(job)
     again = _est(step + 1, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": step + 1, "decay_steps": 400})
     again.fit(logs=False)
-    assert f"resumed from step {step} at {ckpt}" in again.latest_training_job.logs()
+    assert f"resumed from step {step} at {ckpt}" in again.latest_training_job.log_text()
     assert [r["step"] for r in again.latest_training_job.metrics()] == [step + 1]

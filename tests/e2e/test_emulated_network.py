@@ -5,7 +5,7 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.sdk import netem
-from trainyard.sdk.errors import ConfigError, JobFailedError
+from trainyard.job.errors import ConfigError, JobFailedError
 
 from .helpers import SCRIPTS, assert_no_processes_left, store_client
 
@@ -28,8 +28,8 @@ def dataset():
 
 
 def _allreduce_seconds(job) -> tuple[float, str]:
-    m = re.search(r"\[algo-1/0\] allreduce_s=([0-9.]+) master=(\S+)", job.logs())
-    assert m, job.logs()[-3000:]
+    m = re.search(r"\[algo-1/0\] allreduce_s=([0-9.]+) master=(\S+)", job.log_text())
+    assert m, job.log_text()[-3000:]
     return float(m.group(1)), m.group(2)
 
 

@@ -35,7 +35,7 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
     est = _est(3, {"mics": {"partition_group_size": 2}}, ckpt, check=True)
     est.fit(logs=False)
     job = est.latest_training_job
-    logs = job.logs()
+    logs = job.log_text()
     assert "EQUIVALENT within" in logs and "NOT EQUIVALENT" not in logs, logs[-3000:]
     assert _steps(logs) == [1, 2, 3], logs[-3000:]
     assert "resumed from step" not in logs
@@ -51,7 +51,7 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
     # more steps on the same checkpoint location, now tensor-parallel: resumes after step 3
     again = _est(5, {"tensor_parallel_degree": 2}, ckpt)
     again.fit(logs=False)
-    logs = again.latest_training_job.logs()
+    logs = again.latest_training_job.log_text()
     assert "resumed from step 3" in logs, logs[-3000:]
     assert _steps(logs) == [4, 5], logs[-3000:]
     resumed = AutoModelForCausalLM.from_pretrained(_extract(read_tar(again.model_data), tmp_path / "again"))

@@ -33,7 +33,7 @@ def _weights(est) -> dict[str, torch.Tensor]:
 
 def _last_step(job) -> int:
     """The newest step the job's log reports (0 before the first)."""
-    lines = [ln for ln in job.logs().splitlines() if f"/{STEPS} loss" in ln]
+    lines = [ln for ln in job.log_text().splitlines() if f"/{STEPS} loss" in ln]
     return int(lines[-1].split("step ")[1].split("/")[0]) if lines else 0
 
 
@@ -51,7 +51,7 @@ def test_sigkill_at_random_moments_then_restart_is_bit_identical():
         job = est.latest_training_job
         # a random moment: once the ranks run, 0 to 2 more steps, then a fraction of a step or save
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and job.status() == "InProgress" and "model tiny" not in job.logs():
+        while time.monotonic() < deadline and job.status() == "InProgress" and "model tiny" not in job.log_text():
             time.sleep(0.05)
         target = _last_step(job) + rng.randint(0, 2)
         while time.monotonic() < deadline and job.status() == "InProgress" and _last_step(job) < target:

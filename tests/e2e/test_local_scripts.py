@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trainyard import Estimator, TrainingInput
-from trainyard.sdk.errors import JobFailedError
+from trainyard.job.errors import JobFailedError
 
 from .helpers import SCRIPTS, assert_no_processes_left, job_processes, read_tar, store_client, wait_for_log
 
@@ -104,7 +104,7 @@ def test_ctrl_c_in_fit_stops_the_job(dataset):
         while time.monotonic() < deadline:
             try:
                 job = LocalJob(name)
-                if "[algo-2/3] rank=3" in job.logs():
+                if "[algo-2/3] rank=3" in job.log_text():
                     break
             except Exception:
                 pass
@@ -131,4 +131,4 @@ def test_checkpoint_folder_is_synced_and_restored(dataset):
     files = {o["Key"]: s3.get_object(Bucket="e2e-ckpt-user", Key=o["Key"])["Body"].read().decode()
              for o in s3.list_objects_v2(Bucket="e2e-ckpt-user", Prefix="run/")["Contents"]}
     assert files == {f"run/host-algo-{h}.txt": "epochs=2 previous=[epochs=1 previous=[none]]" for h in (1, 2)}
-    assert "restored 2 checkpoint file(s)" in second.latest_training_job.logs()
+    assert "restored 2 checkpoint file(s)" in second.latest_training_job.log_text()

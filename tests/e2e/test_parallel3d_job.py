@@ -33,7 +33,7 @@ def test_seed_layout_matches_one_process_and_resumes(monkeypatch):
     est = _est(4, instance_count=3, processes_per_host=4, distribution=LAYOUT, checkpoint_s3_uri=ckpt)
     est.fit(logs=False)
     job = est.latest_training_job
-    logs = job.logs()
+    logs = job.log_text()
     assert "tp 2 x pp 3 (1f1b, 1 stage(s) per rank) x partition groups of 2 x 1 replica(s)" in logs, logs[-3000:]
     metrics = job.metrics()
     got = [r["loss"] for r in metrics]

@@ -1,4 +1,4 @@
-"""Weights I/O (engine/models/hf/weights.py): HF safetensors layout that `from_pretrained` loads, and
+"""Weights I/O (trainyard/engine/models/hf/weights.py): HF safetensors layout that `from_pretrained` loads, and
 piecewise loads into plain and sharded (FSDP2, TP, FSDP2 x TP) models, from local paths and S3."""
 import json
 import os

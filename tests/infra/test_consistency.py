@@ -1,4 +1,4 @@
-"""The Terraform modules declare what sdk/aws/facts.py says an EFA cluster is (the EC2 backend sends the
+"""The Terraform modules declare what trainyard/job/facts.py says an EFA cluster is (the EC2 backend sends the
 facts): security-group rules, the launch template's network interfaces for several EFA counts, the
 instance-metadata options, and the tags and names the node agent relies on. Each side is read as it is
 written (the HCL parsed, its expressions evaluated), so a change on one side alone fails here."""
@@ -8,8 +8,9 @@ import os
 import pytest
 
 from trainyard.container import node
-from trainyard.sdk import catalog
-from trainyard.sdk.aws import facts, provision
+from trainyard.job import catalog
+from trainyard.job import facts
+from trainyard.sdk.aws import provision
 
 from . import hcl
 

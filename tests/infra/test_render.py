@@ -1,4 +1,4 @@
-"""`Estimator.to_terraform` / sdk/terraform.py: the rendered root module parses, is formatted, and carries
+"""`Estimator.to_terraform` / trainyard/sdk/terraform.py: the rendered root module parses, is formatted, and carries
 the JobSpec's values (instance type, count, EFA interfaces, image, channels, hyperparameters); its user
 data template, once Terraform fills it, is the EC2 backend's user data."""
 import json
@@ -10,9 +10,9 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.sdk.aws.userdata import render_user_data
-from trainyard.sdk.errors import ConfigError
+from trainyard.job.errors import ConfigError
 from trainyard.sdk.inputs import FileSystemInput, TrainingInput
-from trainyard.sdk.spec import JobSpec
+from trainyard.job.spec import JobSpec
 from trainyard.sdk.terraform import CLUSTER_FSX, TEMPLATE
 
 from . import hcl

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from trainyard.sdk import image
-from trainyard.sdk.errors import ImageError
+from trainyard.job.errors import ImageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ACCOUNT = "123456789012"  # moto's account
@@ -40,8 +40,8 @@ def _only(*names):
 
 def _context(tmp_path, name="ctx"):
     root = tmp_path / name
-    (root / "container").mkdir(parents=True)
-    (root / "container" / "Dockerfile").write_text("FROM scratch\nCOPY . /src\n")
+    (root / "trainyard" / "container").mkdir(parents=True)
+    (root / "trainyard" / "container" / "Dockerfile").write_text("FROM scratch\nCOPY . /src\n")
     (root / "pkg").mkdir()
     (root / "pkg" / "a.py").write_text("A = 1\n")
     (root / "pkg" / "__pycache__").mkdir()
@@ -92,7 +92,7 @@ def test_any_change_to_what_is_sent_changes_the_tag(tmp_path, change):
     elif change == "chmod":
         os.chmod(root / "pkg" / "a.py", 0o755)
     elif change == "dockerfile":
-        (root / "container" / "Dockerfile").write_text("FROM scratch\nCOPY . /app\n")
+        (root / "trainyard" / "container" / "Dockerfile").write_text("FROM scratch\nCOPY . /app\n")
     elif change == "rename":
         (root / "pkg" / "a.py").rename(root / "pkg" / "c.py")
     elif change == "kept-doc":  # brought back by `!docs/keep.md`
@@ -109,16 +109,16 @@ def test_what_dockerignore_excludes_never_changes_the_tag(tmp_path):
     (root / "pkg" / "__pycache__" / "b.pyc").write_bytes(b"\2")
     (root / "docs" / "other.md").write_text("changed, and still excluded\n")
     assert _tag(root) == before
-    assert image.context_files(str(root)) == [".dockerignore", "README.md", "container/Dockerfile", "docs/keep.md",
-                                              "pkg/a.py"]
+    assert image.context_files(str(root)) == [".dockerignore", "README.md", "docs/keep.md",
+                                              "pkg/a.py", "trainyard/container/Dockerfile"]
 
 
 def test_a_dockerfile_the_context_excludes_still_counts(tmp_path):
     root = _context(tmp_path)
-    (root / ".dockerignore").write_text("container\n")
+    (root / ".dockerignore").write_text("trainyard/container\n")
     before = _tag(root)
-    assert "container/Dockerfile" not in image.context_files(str(root))
-    (root / "container" / "Dockerfile").write_text("FROM scratch\n")
+    assert "trainyard/container/Dockerfile" not in image.context_files(str(root))
+    (root / "trainyard" / "container" / "Dockerfile").write_text("FROM scratch\n")
     assert _tag(root) != before
 
 
@@ -164,12 +164,13 @@ def test_exceptions_and_the_last_match_wins():
 
 def test_the_repositorys_dockerignore_keeps_the_package_and_drops_the_rest():
     rules = image.IgnoreRules.for_context(ROOT)
-    for path in (".git", ".git/HEAD", ".venv", ".venv/bin/python", "sdk/__pycache__/image.cpython-311.pyc",
-                 "engine/x.pyc", "tests/sdk/test_image.py", "bench/results/mics.json", "trainyard.egg-info/PKG-INFO",
-                 ".env", "sdk/.env.local", "docs/aws.md", ".pytest_cache/v"):
+    for path in (".git", ".git/HEAD", ".venv", ".venv/bin/python", "trainyard/sdk/__pycache__/image.cpython-311.pyc",
+                 "trainyard/engine/x.pyc", "tests/sdk/test_image.py", "bench/results/mics.json", "trainyard.egg-info/PKG-INFO",
+                 ".env", "trainyard/sdk/.env.local", "docs/aws.md", ".pytest_cache/v"):
         assert rules.excluded(path), path
-    for path in ("pyproject.toml", "README.md", "api/__init__.py", "sdk/image.py", "sdk/catalog/prices.json",
-                 "container/driver.py", "container/Dockerfile", "engine/train.py", "kernels/__init__.py"):
+    for path in ("pyproject.toml", "README.md", "trainyard/__init__.py", "trainyard/sdk/image.py", "trainyard/job/catalog/prices.json",
+                 "trainyard/container/driver.py", "trainyard/container/Dockerfile", "trainyard/engine/train.py",
+                 "trainyard/kernels/__init__.py"):
         assert not rules.excluded(path), path
 
 
@@ -209,7 +210,7 @@ def test_docker_build_commands(tmp_path, monkeypatch):
     (inspect, kw), (build, _) = run.calls
     assert inspect == ["/usr/bin/docker", "image", "inspect", ref] and kw["capture_output"]
     version = image.sdk_version()
-    assert build == ["/usr/bin/docker", "build", "--file", f"{root}/container/Dockerfile", "--tag", ref,
+    assert build == ["/usr/bin/docker", "build", "--file", f"{root}/trainyard/container/Dockerfile", "--tag", ref,
                      "--build-arg", f"TRAINYARD_VERSION={version}", "--label",
                      f"org.opencontainers.image.version={version}", str(root)]
     # built already: only the inspect runs
@@ -256,7 +257,7 @@ def test_the_repository_builds_as_its_own_context(monkeypatch):
     run = Runner(inspect_code=1)
     ref = image.build(ROOT, runner=run, which=_only("docker"))
     assert ref == f"trainyard:{image.image_tag(ROOT)}"
-    assert run.argvs[1][run.argvs[1].index("--file") + 1] == os.path.join(ROOT, "container", "Dockerfile")
+    assert run.argvs[1][run.argvs[1].index("--file") + 1] == os.path.join(ROOT, "trainyard", "container", "Dockerfile")
 
 
 # -- push ------------------------------------------------------------------------------------------

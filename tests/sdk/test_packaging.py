@@ -58,7 +58,7 @@ def test_upload_is_skipped_when_unchanged(tmp_path, s3_bucket):
     s3 = boto3.client("s3")
     first = s3.head_object(Bucket=s3_bucket, Key=f"code/{pkg.key}")["LastModified"]
     calls = []
-    from trainyard.sdk import storage
+    from trainyard.job import storage
 
     storage.s3_client().meta.events.register("before-call.s3.PutObject", lambda **kw: calls.append(1))
     assert packaging.upload(pkg, f"s3://{s3_bucket}/code") == uri

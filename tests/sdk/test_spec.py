@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from trainyard.sdk import catalog
-from trainyard.sdk.errors import ConfigError
-from trainyard.sdk.spec import JobSpec, build_spec
+from trainyard.job import catalog
+from trainyard.job.errors import ConfigError
+from trainyard.job.spec import JobSpec, build_spec
 
 
 def _fields(**kw):

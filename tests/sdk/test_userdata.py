@@ -8,7 +8,7 @@ import pytest
 
 from trainyard.sdk.aws.userdata import (AGENT_MARKER, USER_DATA_LIMIT, agent_command, ecr_registry,
                                         render_user_data)
-from trainyard.sdk.spec import build_spec
+from trainyard.job.spec import build_spec
 
 ECR_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainyard:1.0"
 FS = "fs-0123456789abcdef0"

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from trainyard import Estimator, TrainingInput
-from trainyard.sdk.errors import ConfigError
+from trainyard.job.errors import ConfigError
 from trainyard.sdk.jobstate import jobs_root
 
 
@@ -47,7 +47,13 @@ def test_known_instance_types_and_ml_prefix(src):
     assert est.instance_type == "ml.p5.48xlarge" and est.processes_per_host == 8
     assert _est(src, instance_type="trn1.32xlarge", output_path="s3://bucket/out").processes_per_host == 32
     _refused("output_path", _est, src, instance_type="p4d.24xlarge")
-    assert _est(src).processes_per_host == 2
+    # SageMaker's rule: one process on a CPU host unless the distribution or processes_per_host says
+    assert _est(src).processes_per_host == 1
+    assert _est(src, distribution={"torch_distributed": {"enabled": True}}).processes_per_host == 1
+    assert _est(src, distribution={"mpi": {"enabled": True, "processes_per_host": 2}}).processes_per_host == 2
+    assert _est(src, processes_per_host=3).processes_per_host == 3
+    _refused("processes_per_host", _est, src, processes_per_host=3,
+             distribution={"mpi": {"enabled": True, "processes_per_host": 2}})
 
 
 @pytest.mark.parametrize("entry", ["", None, "   "])
@@ -205,7 +211,7 @@ def _builtin(instance_count=1, processes_per_host=2, hps=None, **distribution):
 
 
 def test_typed_form_has_the_3d_keys_with_defaults():
-    from trainyard.sdk.distribution import normalize
+    from trainyard.job.distribution import normalize
 
     typed = normalize({}, world_size=4, processes_per_host=2)
     assert {k: typed[k] for k in ("tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_schedule",
@@ -225,7 +231,7 @@ def test_typed_form_has_the_3d_keys_with_defaults():
 
 
 def test_sagemaker_model_parallel_forms_map():
-    from trainyard.sdk.distribution import normalize
+    from trainyard.job.distribution import normalize
 
     v2 = normalize(_smp(hybrid_shard_degree=2, tensor_parallel_degree=2), world_size=8, processes_per_host=4)
     assert v2["tensor_parallel_degree"] == 2 and v2["mics"]["partition_group_size"] == 2
@@ -309,7 +315,7 @@ def test_builtin_trainer_batch_splits_over_the_data_parallel_degree():
 
 
 def test_a_3d_layout_is_accepted():
-    from trainyard.sdk.distribution import normalize
+    from trainyard.job.distribution import normalize
 
     # 2 hosts x 4 processes: tp 2 inside a host, 2 pipeline stages, 2 data-parallel ranks in one partition group;
     # 8 sequences / (2 per micro-batch x 2 data-parallel ranks) = 2 micro-batches for 2 stages

@@ -1,6 +1,6 @@
 # The launch template every job's instances start from (modules/job sets the instance type, the user
 # data and the job's tags). Its network interfaces, metadata options and security-group rules are
-# those of sdk/aws/facts.py, which the EC2 backend sends: a test compares the two.
+# those of trainyard/job/facts.py, which the EC2 backend sends: a test compares the two.
 
 data "aws_ssm_parameter" "ami" {
   count = var.ami_id == null ? 1 : 0
@@ -14,7 +14,7 @@ module "efa_layout" {
 }
 
 resource "aws_launch_template" "this" {
-  #checkov:skip=CKV_AWS_341:hop limit 2 is required: the training container is one hop further than the instance and reads IMDS (sdk/aws/facts.py IMDS_OPTIONS)
+  #checkov:skip=CKV_AWS_341:hop limit 2 is required: the training container is one hop further than the instance and reads IMDS (trainyard/job/facts.py IMDS_OPTIONS)
   name_prefix            = "${var.name}-"
   description            = "Trainyard cluster ${var.name}: ${var.efa_interfaces} EFA interface(s), IMDSv2, placement group ${aws_placement_group.this.name}"
   image_id               = var.ami_id != null ? var.ami_id : data.aws_ssm_parameter.ami[0].insecure_value
@@ -28,7 +28,7 @@ resource "aws_launch_template" "this" {
   }
 
   # IMDSv2 only; hop limit 2 so that the training container (one hop further) reaches it
-  # (sdk/aws/facts.py IMDS_OPTIONS)
+  # (trainyard/job/facts.py IMDS_OPTIONS)
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"

@@ -120,7 +120,7 @@ data "aws_iam_policy_document" "instance" {
     resources = [local.log_group_arn, "${local.log_group_arn}:log-stream:*"]
   }
 
-  # without the module's log group, the agents create it on first use (container/logship.py)
+  # without the module's log group, the agents create it on first use (trainyard/container/logship.py)
   dynamic "statement" {
     for_each = var.create_log_group ? [] : [1]
     content {

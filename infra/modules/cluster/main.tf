@@ -14,7 +14,7 @@ locals {
   partition  = data.aws_partition.current.partition
   tags       = merge(var.tags, { "trainyard:cluster" = var.name })
 
-  # the node agents' log group (container/node.py LOG_GROUP); one stream per host: <job>/algo-N
+  # the node agents' log group (trainyard/container/node.py LOG_GROUP); one stream per host: <job>/algo-N
   log_group_name = "/trainyard/jobs"
   log_group_arn  = "arn:${local.partition}:logs:${local.region}:${local.account_id}:log-group:${local.log_group_name}"
 }

@@ -78,7 +78,7 @@ resource "aws_vpc_security_group_ingress_rule" "endpoints_https" {
   cidr_ipv4         = aws_vpc.this.cidr_block
 }
 
-# ---- the EFA security group: what sdk/aws/facts.py security_group_rules says, rule for rule (a test
+# ---- the EFA security group: what trainyard/job/facts.py security_group_rules says, rule for rule (a test
 # compares them). EFA needs all traffic from and to the group itself; FSx for Lustre's servers and
 # clients talk on TCP 988 and 1018-1023 (the file system's interfaces are in this group too).
 
@@ -122,7 +122,7 @@ resource "aws_vpc_security_group_egress_rule" "efa_self" {
 }
 
 resource "aws_vpc_security_group_egress_rule" "all" {
-  #checkov:skip=CKV_AWS_382:all egress is EFA's documented requirement (sdk/aws/facts.py); the subnet has no route out but the VPC endpoints (and the optional NAT gateway)
+  #checkov:skip=CKV_AWS_382:all egress is EFA's documented requirement (trainyard/job/facts.py); the subnet has no route out but the VPC endpoints (and the optional NAT gateway)
   security_group_id = aws_security_group.efa.id
   description       = "All egress: VPC endpoints, FSx, peers (and the NAT gateway when enabled)"
   ip_protocol       = "-1"

@@ -1,4 +1,4 @@
-# The network interfaces of one instance, as sdk/aws/facts.py `network_interfaces` lays them out (a test
+# The network interfaces of one instance, as trainyard/job/facts.py `network_interfaces` lays them out (a test
 # compares the two for several counts):
 #   - card 0, device 0: an "efa" interface (EFA plus the instance's private IP), never a public IP
 #     (EC2 refuses one with several interfaces);

@@ -4,8 +4,8 @@
 # Host index: the EC2 backend launches all N instances in one RunInstances and each agent takes its
 # AMI launch index (0..N-1) as its host index. Terraform launches each aws_instance with a
 # RunInstances of its own, so every launch index here is 0; each instance carries its index in the
-# trainyard:host-index tag instead (sdk/aws/facts.py HOST_INDEX_TAG), which the node agent prefers to
-# the launch index (container/node.py host_index).
+# trainyard:host-index tag instead (trainyard/job/facts.py HOST_INDEX_TAG), which the node agent prefers to
+# the launch index (trainyard/container/node.py host_index).
 
 locals {
   # Terraform launches the first attempt only: an interrupted spot job is not relaunched by itself
@@ -66,7 +66,7 @@ resource "aws_instance" "this" {
   monitoring                  = true
   ebs_optimized               = true
 
-  # as in the launch template (sdk/aws/facts.py IMDS_OPTIONS), stated here too so the instances keep
+  # as in the launch template (trainyard/job/facts.py IMDS_OPTIONS), stated here too so the instances keep
   # them whatever template version they start from
   metadata_options {
     http_endpoint               = "enabled"

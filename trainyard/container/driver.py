@@ -1,0 +1,297 @@
+"""The in-container driver: contract in, torchrun, failure file and artifacts out.
+
+    python -m trainyard.container.driver [--root /opt/ml] [--log-dir DIR] [--status-file PATH]
+
+1. reads `<root>/input/config/trainyard.json` and renders the contract again to get the SM_* environment;
+2. fetches the code (`sourcedir.tar.gz`) into `<root>/code`;
+   with a `requirements.txt` there, pip installs it into an overlay (trainyard/container/requirements.py),
+   put first on PYTHONPATH and PATH for every rank;
+3. sets the NCCL/EFA variables that the devices it finds call for (trainyard/container/efa.py; the job's own values
+   win) and logs one line saying what it found and set;
+4. with `TRAINYARD_BANDWIDTH_PROBE=1` in the job's environment, runs the bandwidth probe
+   (trainyard/container/probe.py) with torchrun first: same hosts and processes, its own rendezvous port;
+5. runs the command built by `build_torchrun_command` (torchrun's own launcher, in this process, so that a
+   failure comes back as structured data: rank, exit code or signal), every rank's output prefixed `[algo-2/3]`;
+6. on failure writes `<root>/output/failure` (never over one the user wrote) naming host, rank, exit code or
+   signal and the rank's last lines;
+7. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
+
+With `checkpoint_s3_uri`, a user script's checkpoint folder is restored before it starts and synced while
+it runs and when it ends (`ckpt_sync.CheckpointSync`); the built-in trainer writes there itself.
+
+Exit status: 0 success, 1 failure, 128+N when stopped by signal N.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+from trainyard.container import efa, requirements
+from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
+from trainyard.container.contract import JOB_FILE, render_contract, user_args
+from trainyard.container.failure import RankFailure, root_cause, tail
+
+TORCHRUN = ("-m", "torch.distributed.run")
+PROBE_MODULE = "trainyard.container.probe"
+PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
+# the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
+PROBE_TIMEOUT_S = 300.0
+PROBE_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for a probe past its time (torchrun stops its workers on SIGTERM)
+
+
+def build_torchrun_command(
+    *,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    master_addr: str,
+    master_port: int,
+    entry_point: str,
+    entry_kind: str,
+    args: list[str],
+    log_dir: str,
+    python: str = sys.executable,
+) -> list[str]:
+    """The launch command for one host. Static rendezvous on the first host, so node rank = host index."""
+    cmd = [python, *TORCHRUN,
+           "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc_per_node),
+           "--master-addr", master_addr, "--master-port", str(master_port),
+           "--max-restarts", "0",
+           # how often the agent polls its workers (s): a failure is noticed within this time
+           "--monitor-interval", "0.2",
+           "--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
+    if entry_kind == "module":
+        cmd.append("--module")
+    return [*cmd, entry_point, *args]
+
+
+def _say(host: str, msg: str) -> None:
+    print(f"[{host}] driver: {msg}", flush=True)
+
+
+def configure_network(host: str, environ=None, detect=efa.detect) -> None:
+    """Add the NCCL/EFA variables the devices call for to `environ` (default: this process's) and log one
+    line: `[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0 ...`."""
+    environ = os.environ if environ is None else environ
+    try:
+        line = efa.configure(environ, detect())
+    except Exception as e:  # detection must never fail a job: NCCL then runs on its own defaults
+        line = f"EFA/NCCL detection failed ({type(e).__name__}: {e}); set nothing"
+    _say(host, line)
+
+
+def probe_requested(environ) -> bool:
+    return environ.get(PROBE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def probe_port(master_port: int, environ) -> int:
+    """The probe's rendezvous port: `TRAINYARD_PROBE_PORT`, or the one after the job's. Not the job's own:
+    a host that finished the probe early would otherwise reach the master's probe store, still closing,
+    instead of the training one."""
+    return int(environ.get("TRAINYARD_PROBE_PORT") or master_port + 1)
+
+
+def run_probe(cmd: list[str], cwd: str, timeout: float = PROBE_TIMEOUT_S) -> int | None:
+    """Run the probe's torchrun as a child in this process group (a stop of the driver's group reaches it).
+    Returns its exit status, or None when it ran past `timeout` and was stopped."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(PROBE_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return None
+
+
+def fetch_code(code_uri: str, code_dir: str) -> None:
+    from trainyard.job import storage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = os.path.join(tmp, "sourcedir.tar.gz")
+        storage.get_file(code_uri, archive)
+        with tarfile.open(archive) as tar:
+            tar.extractall(code_dir, filter="data")
+
+
+def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int, RankFailure | None]:
+    """Run torchrun's launcher in this process. Returns (exit status, root-cause failure or None)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.chdir(cwd)
+    try:
+        run(parse_args(cmd[1 + len(TORCHRUN) :]))
+        return 0, None
+    except SignalException as e:
+        return 128 + int(e.sigval), None
+    except ChildFailedError as e:
+        failures = []
+        for rank, f in e.failures.items():
+            failures.append(_rank_failure(host, rank, f, log_dir))
+        return 1, root_cause(failures)
+
+
+def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
+    text, when = "", float(f.timestamp)
+    # torchrun's layout: <log_dir>/<run id>/attempt_<n>/<local rank>/stderr.log
+    logs = sorted(glob.glob(f"{log_dir}/*/attempt_*/{f.local_rank}/stderr.log"), key=os.path.getmtime)
+    stderr = logs[-1] if logs else ""
+    if stderr:  # the time of its last words is a better clock than torchrun's whole seconds
+        when = os.path.getmtime(stderr)
+        with open(stderr, errors="replace") as fh:
+            text = tail(fh.read())
+    if not text and f.message and "To enable traceback" not in str(f.message):
+        text = tail(str(f.message))
+    signal = f.signal_name() if f.exitcode < 0 else ""
+    return RankFailure(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, signal=signal,
+                       time=when, last_lines=text)
+
+
+def upload_artifacts(spec, root: str) -> list[str]:
+    """Tar the model and the output data to `<output_path>/<job>/output/`. Returns the URIs written."""
+    from trainyard.job import storage
+
+    prefix = storage.output_prefix(spec.output_path, spec.job_name)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for src, name in ((f"{root}/model", "model.tar.gz"), (f"{root}/output/data", "output.tar.gz")):
+            archive = os.path.join(tmp, name)
+            with tarfile.open(archive, "w:gz") as tar:
+                for entry in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+                    tar.add(os.path.join(src, entry), arcname=entry)
+            storage.put_file(archive, f"{prefix}/{name}")
+            written.append(f"{prefix}/{name}")
+    return written
+
+
+def write_failure(root: str, reason: str) -> None:
+    """`<root>/output/failure`, unless the user's script already wrote one."""
+    path = f"{root}/output/failure"
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        return
+    with open(path, "w") as fh:
+        fh.write(reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainyard.job.jsonio import write_json
+    from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
+
+    p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
+    p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
+    p.add_argument("--log-dir", default=None, help="torchrun's per-rank log files (default: a temporary folder)")
+    p.add_argument("--status-file", default=None, help="JSON result of this host (default: <root>/output/host-status.json)")
+    a = p.parse_args(argv)
+    root = a.root.rstrip("/")
+    status_file = a.status_file or f"{root}/output/host-status.json"
+
+    with open(f"{root}/{JOB_FILE}") as fh:
+        job = json.load(fh)
+    spec = JobSpec.model_validate(job["spec"])
+    index = job["host_index"]
+    host = spec.hosts[index]
+    contract = render_contract(spec, index, root=root, master_addr=job["master_addr"], master_port=job["master_port"],
+                               network_interface=job["network_interface"], num_cpus=job["num_cpus"])
+    os.environ.update(contract.env)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # every line of rank R on this host reaches the log as "[algo-2/R] ..."
+    os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{host}/${{rank}}] "
+
+    status: dict = {"host": host, "started": time.time()}
+    failure: RankFailure | None = None
+    reason = ""
+    code_dir = f"{root}/code"
+    sync: CheckpointSync | None = None
+    try:
+        if spec.code_uri:
+            _say(host, f"fetching code from {spec.code_uri}")
+            fetch_code(spec.code_uri, code_dir)
+        if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
+            raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
+        # requirements.txt (container/requirements.py): an overlay that every rank sees first on PYTHONPATH
+        overlay = requirements.prepare(code_dir, requirements.default_cache_root(), say=lambda m: _say(host, m))
+        if overlay is not None:
+            overlay.activate(os.environ)
+            _say(host, f"requirements.txt: {overlay.summary()}")
+        if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER:
+            sync = CheckpointSync(contract.env["SM_CHECKPOINT_DIR"], spec.checkpoint_s3_uri,
+                                  interval=float(os.environ.get("TRAINYARD_CHECKPOINT_SYNC_S", DEFAULT_INTERVAL_S)),
+                                  say=lambda m: _say(host, m))
+            restored = sync.restore()
+            if restored:
+                _say(host, f"restored {restored} checkpoint file(s) from {spec.checkpoint_s3_uri}")
+            sync.start()
+        configure_network(host)
+        log_dir = a.log_dir or tempfile.mkdtemp(prefix="trainyard-torchrun-")
+        if probe_requested(os.environ):
+            if spec.world_size <= 1:
+                _say(host, "bandwidth probe skipped: the job has one process, nothing crosses a link")
+            else:
+                port = probe_port(job["master_port"], os.environ)
+                probe_cmd = build_torchrun_command(
+                    nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
+                    master_addr=job["master_addr"], master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
+                    args=[], log_dir=os.path.join(log_dir, "probe"),
+                )
+                timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
+                _say(host, f"bandwidth probe: {spec.world_size} process(es), rendezvous on port {port}")
+                probe_code = run_probe(probe_cmd, code_dir, timeout)
+                if probe_code != 0:
+                    why = f"ran past {timeout:.0f} s" if probe_code is None else f"exited with status {probe_code}"
+                    _say(host, f"bandwidth probe {why}; training starts all the same")
+        cmd = build_torchrun_command(
+            nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
+            master_addr=job["master_addr"], master_port=job["master_port"], entry_point=spec.entry_point,
+            entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
+        )
+        _say(host, "launching " + " ".join(cmd[1:]))
+        code, failure = run_torchrun(cmd, code_dir, host, log_dir)
+        if failure is not None:
+            reason = failure.reason()
+    except Exception as e:  # the driver itself failed: the job fails with that reason
+        code, reason = 1, f"{host} driver: {type(e).__name__}: {e}"
+    if sync is not None:  # the last sync runs whatever the outcome
+        lost = sync.stop()
+        status["checkpoint_files_uploaded"] = sync.files_uploaded
+        if lost:
+            message = f"{host} driver: {len(lost)} checkpoint file(s) could not be uploaded to {spec.checkpoint_s3_uri}: " \
+                      + "; ".join(f"{k}: {v}" for k, v in sorted(lost.items())[:3])
+            _say(host, message)
+            if code == 0:
+                code, reason = 1, message
+    status.update(exit_code=code, finished=time.time())
+    if code == 1:
+        write_failure(root, reason)
+        with open(f"{root}/output/failure") as fh:
+            reason = fh.read(1024)
+        _say(host, "FAILED: " + (reason.splitlines() or [""])[0])
+    if index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
+        try:
+            _say(host, "uploading model and output data")
+            status["artifacts"] = upload_artifacts(spec, root)
+        except Exception as e:
+            if code == 0:
+                code, reason = 1, f"{host} driver: uploading artifacts failed: {type(e).__name__}: {e}"
+                write_failure(root, reason)
+            _say(host, f"uploading artifacts failed: {e}")
+    status.update(exit_code=code, reason=reason, failure=failure.to_dict() if failure else None)
+    write_json(status_file, status)
+    _say(host, {0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""SageMaker's `sagemaker.estimator` import path."""
+from trainyard.sdk.estimator import Estimator
+
+__all__ = ["Estimator"]

@@ -1,0 +1,89 @@
+"""Instance types known to Trainyard, from a catalog shipped with the SDK (no network call)."""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from trainyard.job.errors import ConfigError
+
+LOCAL = "local"
+LOCAL_GPU = "local_gpu"  # SageMaker local mode on this machine's GPUs
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceType:
+    name: str
+    """EC2 name without the `ml.` prefix (`p4d.24xlarge`), or `local`."""
+    accelerator: str
+    """Accelerator model (`NVIDIA A100`), empty for `local`."""
+    accelerator_kind: str
+    """`gpu`, `neuron` or `cpu`."""
+    accelerator_count: int
+    accelerator_memory_mib: int
+    vcpus: int
+    memory_mib: int
+    efa_supported: bool
+    max_efa_interfaces: int
+    network_cards: int
+    processes_per_host: int
+    """Default processes per host, as SageMaker's training toolkit launches them: one per GPU or
+    NeuronCore, one on a CPU host (`local`)."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.accelerator_count if self.accelerator_kind == "gpu" else 0
+
+    @property
+    def is_local(self) -> bool:
+        return self.name in (LOCAL, LOCAL_GPU)
+
+
+@cache
+def _catalog() -> dict[str, dict]:
+    text = resources.files("trainyard.job").joinpath("catalog/instance_types.json").read_text()
+    return json.loads(text)["instance_types"]
+
+
+def known_types() -> list[str]:
+    return sorted(_catalog()) + [LOCAL, LOCAL_GPU]
+
+
+@cache
+def local_gpus() -> int:
+    """GPUs torch sees on this machine (torch is imported only when `local_gpu` is asked for)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
+
+
+def lookup(instance_type: object) -> InstanceType:
+    """Resolve `ml.p4d.24xlarge`, `p4d.24xlarge` or `local`; unknown names raise ConfigError."""
+    if not isinstance(instance_type, str) or not instance_type:
+        raise ConfigError("instance_type", f"expected a name such as 'ml.p4d.24xlarge' or 'local', got {instance_type!r}")
+    name = instance_type.removeprefix("ml.")
+    if name in (LOCAL, LOCAL_GPU):
+        gpus = local_gpus() if name == LOCAL_GPU else 0
+        if name == LOCAL_GPU and gpus == 0:
+            raise ConfigError("instance_type", "'local_gpu' runs on this machine's GPUs and none is visible "
+                                               "(torch.cuda.device_count() is 0); use 'local'")
+        return InstanceType(
+            name=name, accelerator="local GPU" if gpus else "", accelerator_kind="gpu" if gpus else "cpu",
+            accelerator_count=gpus, accelerator_memory_mib=0, vcpus=os.cpu_count() or 1, memory_mib=0,
+            efa_supported=False, max_efa_interfaces=0, network_cards=1, processes_per_host=max(1, gpus),
+        )
+    row = _catalog().get(name)
+    if row is None:
+        close = difflib.get_close_matches(name, known_types(), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(
+            "instance_type",
+            f"unknown instance type {instance_type!r}{hint}. Known: 'local' and the "
+            "p4d, p4de, p5, p5e, p5en, g5 and trn1 families (with or without the 'ml.' prefix)",
+        )
+    return InstanceType(name=name, **row)

@@ -1,0 +1,23 @@
+"""JSON documents written atomically (status files, job folders) and the UTC time stamps they carry."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write `data` to `path` so that a reader sees the old document or the new one, never a part."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)

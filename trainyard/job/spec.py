@@ -1,0 +1,366 @@
+"""JobSpec: the one serialisable description of a training job, identical for every backend.
+
+Everything the user passes to `Estimator(...)` and `fit(...)` is validated into a JobSpec; backends
+see nothing else. It round-trips through JSON (`to_json` / `from_json`).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.job import catalog
+from trainyard.job.errors import ConfigError
+from trainyard.job.metricdefs import check_metric_definitions
+from trainyard.job.uris import check_s3_uri, check_storage_uri
+
+# SageMaker's rules: channel names are [A-Za-z0-9.-_] up to 64 characters; job names are
+# alphanumerics and hyphens up to 63 characters, starting with a letter or digit.
+_CHANNEL = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
+JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9])*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# the entry point of the built-in trainer (python -m trainyard.engine.train)
+BUILTIN_TRAINER = "trainyard.engine.train"
+DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
+
+
+class Channel(BaseModel):
+    """One input channel: `/opt/ml/input/data/<name>` inside the job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    uri: str
+    distribution: Literal["FullyReplicated", "ShardedByS3Key"] = "FullyReplicated"
+    input_mode: Literal["File", "FastFile"] = "File"
+    """FastFile is staged as File: the script sees the same files at the same path."""
+    content_type: str | None = None
+    compression: Literal["None", "Gzip"] | None = None
+    """Gzip: objects are gunzipped while they are staged."""
+    record_wrapping: Literal["RecordIO"] | None = None
+    s3_data_type: Literal["S3Prefix", "ManifestFile", "AugmentedManifestFile"] = "S3Prefix"
+    attribute_names: tuple[str, ...] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _CHANNEL.match(v):
+            raise ValueError(f"invalid channel name {v!r}: use 1-64 letters, digits, '.', '-' or '_'")
+        return v
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        return check_storage_uri("uri", v, ("s3", "file", "fsx"))
+
+
+class EmulatedNetwork(BaseModel):
+    """Local jobs only: each host in its own network namespace behind a shaped link (see trainyard/sdk/netem.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bandwidth_mbit: float = 1000.0
+    delay_ms: float = 0.2
+
+    @field_validator("bandwidth_mbit")
+    @classmethod
+    def _bw(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"bandwidth_mbit must be > 0, got {v}")
+        return v
+
+    @field_validator("delay_ms")
+    @classmethod
+    def _delay(cls, v: float) -> float:
+        if not v >= 0:
+            raise ValueError(f"delay_ms must be >= 0, got {v}")
+        return v
+
+
+class JobSpec(BaseModel):
+    """A fully validated job. `job_name` is None until `fit()` names the job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_name: str | None = None
+    entry_point: str
+    """Script path relative to the code root (`train.py`), or an installed module (`trainyard.engine.train`)."""
+    entry_kind: Literal["script", "module"]
+    code_uri: str | None = None
+    """`sourcedir.tar.gz` in object storage; None for a module entry point with no source_dir."""
+    hyperparameters: dict[str, Any] = {}
+    instance_type: str
+    instance_count: int = 1
+    processes_per_host: int
+    distribution: dict[str, Any] = {}
+    environment: dict[str, str] = {}
+    channels: tuple[Channel, ...] = ()
+    checkpoint_s3_uri: str | None = None
+    checkpoint_local_path: str = "/opt/ml/checkpoints"
+    output_path: str
+    max_run: int = DEFAULT_MAX_RUN
+    role: str | None = None
+    emulated_network: EmulatedNetwork | None = None
+    # EC2 jobs
+    image_uri: str | None = None
+    """The training image (ECR), whose entrypoint is the driver; EC2 jobs only."""
+    subnets: tuple[str, ...] = ()
+    """Subnets to launch in, tried in order on a capacity error; empty: a one-zone subnet is created."""
+    use_spot_instances: bool = False
+    max_wait: int | None = None
+    """Spot: seconds to wait for capacity and training together (>= max_run)."""
+    max_retry_attempts: int = 0
+    """Spot: how many times an interrupted job comes back on new capacity."""
+    # SageMaker arguments with an effect (see docs/sdk.md for each backend)
+    input_mode: Literal["File", "FastFile"] = "File"
+    """The channels' default TrainingInputMode."""
+    volume_size: int = 30
+    """EC2: the root volume of each instance, GB (SageMaker's default 30)."""
+    tags: dict[str, str] = {}
+    """Put on every resource a job creates (EC2) and in describe()'s Tags."""
+    security_group_ids: tuple[str, ...] = ()
+    """EC2: security groups added to the job's own (which lets the hosts talk to each other)."""
+    metric_definitions: tuple[dict[str, str], ...] = ()
+    """{"Name", "Regex"}: metrics scraped from the job's log lines (sdk/metrics.py)."""
+    enable_sagemaker_metrics: bool | None = None
+    container_log_level: int = 20
+    """SM_LOG_LEVEL (logging.INFO by default)."""
+    framework: dict[str, str] = {}
+    """What the estimator class says of the image: {"name": "pytorch", "framework_version": ..., "py_version": ...}."""
+    inert: tuple[str, ...] = ()
+    """Arguments accepted that have no effect on this backend (reported once, in describe() too)."""
+
+    @field_validator("job_name")
+    @classmethod
+    def _job_name(cls, v: str | None) -> str | None:
+        if v is not None and (not JOB_NAME.match(v) or len(v) > 63):
+            raise ValueError(f"invalid job name {v!r}: 1-63 letters, digits and hyphens, starting with a letter or digit")
+        return v
+
+    @field_validator("entry_point", mode="before")
+    @classmethod
+    def _entry_point(cls, v: object) -> str:
+        if not isinstance(v, str) or not v.strip():
+            raise ValueError("missing: give a script in source_dir ('train.py') or a module ('trainyard.engine.train')")
+        return v
+
+    @field_validator("instance_type", mode="before")
+    @classmethod
+    def _instance_type(cls, v: object) -> str:
+        return catalog.lookup(v).name
+
+    @field_validator("instance_count", "processes_per_host", "max_run", mode="before")
+    @classmethod
+    def _positive_int(cls, v: object, info) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be an integer >= 1, got {v!r} ({type(v).__name__})")
+        if v < 1:
+            unit = " seconds" if info.field_name == "max_run" else ""
+            raise ValueError(f"must be an integer >= 1{unit}, got {v}")
+        return v
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _hyperparameters(cls, v: object) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a dict of name to value, got {type(v).__name__}")
+        for name, value in v.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"hyperparameter names must be non-empty strings, got {name!r}")
+            if not _HP_NAME.match(name):
+                raise ValueError(
+                    f"hyperparameter name {name!r} cannot be passed as '--{name}': use letters, digits, '_', '-' or '.'"
+                )
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"hyperparameter {name!r} = {value!r} is not JSON-serialisable ({e}); "
+                    "use str, int, float, bool, None, or lists/dicts of those"
+                ) from None
+        return dict(v)
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _distribution(cls, v: object) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a dict such as {{'torch_distributed': {{'enabled': True}}}}, got {v!r}")
+        try:
+            Parallelism.parse(v)  # unknown keys and bad values, named
+        except ValueError as e:
+            raise ValueError(str(e).removeprefix("distribution: ")) from None
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"not JSON-serialisable: {e}") from None
+        return dict(v)
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _environment(cls, v: object) -> dict:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected a dict of variable name to string, got {type(v).__name__}")
+        for name, value in v.items():
+            if not isinstance(name, str) or not _ENV_NAME.match(name):
+                raise ValueError(f"invalid variable name {name!r}: letters, digits and '_', not starting with a digit")
+            if not isinstance(value, str):
+                raise ValueError(f"{name}={value!r}: values must be strings (use str({value!r}))")
+        return dict(v)
+
+    @field_validator("checkpoint_s3_uri")
+    @classmethod
+    def _checkpoint(cls, v: str | None) -> str | None:
+        return None if v is None else check_s3_uri("checkpoint_s3_uri", v)
+
+    @field_validator("checkpoint_local_path")
+    @classmethod
+    def _checkpoint_local(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path inside the container, got {v!r}")
+        return v
+
+    @field_validator("output_path")
+    @classmethod
+    def _output(cls, v: str) -> str:
+        return check_storage_uri("output_path", v)
+
+    @field_validator("code_uri")
+    @classmethod
+    def _code(cls, v: str | None) -> str | None:
+        return None if v is None else check_storage_uri("code_uri", v)
+
+    @field_validator("subnets", mode="before")
+    @classmethod
+    def _subnets(cls, v: object) -> tuple:
+        if v is None:
+            return ()
+        if isinstance(v, str) or not all(isinstance(s, str) and re.match(r"^subnet-[0-9a-f]+$", s) for s in v):
+            raise ValueError(f"expected a list of subnet ids such as ['subnet-0abc...'], got {v!r}")
+        return tuple(v)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags(cls, v: object) -> dict:
+        """SageMaker's list of {"Key", "Value"} or a dict."""
+        if v is None:
+            return {}
+        if isinstance(v, (list, tuple)):
+            if not all(isinstance(t, dict) and set(t) == {"Key", "Value"} for t in v):
+                raise ValueError(f"expected [{{'Key': ..., 'Value': ...}}, ...] or a dict, got {v!r}")
+            v = {t["Key"]: t["Value"] for t in v}
+        if not isinstance(v, dict):
+            raise ValueError(f"expected [{{'Key': ..., 'Value': ...}}, ...] or a dict, got {type(v).__name__}")
+        for k, val in v.items():
+            if not isinstance(k, str) or not 1 <= len(k) <= 128 or k.lower().startswith("aws:"):
+                raise ValueError(f"tag key {k!r}: 1-128 characters, not starting with 'aws:'")
+            if not isinstance(val, str) or len(val) > 256:
+                raise ValueError(f"tag {k!r}: the value must be a string of up to 256 characters, got {val!r}")
+        return dict(v)
+
+    @field_validator("security_group_ids", mode="before")
+    @classmethod
+    def _security_groups(cls, v: object) -> tuple:
+        if v is None:
+            return ()
+        if isinstance(v, str) or not all(isinstance(s, str) and re.match(r"^sg-[0-9a-f]+$", s) for s in v):
+            raise ValueError(f"expected a list of security group ids such as ['sg-0abc...'], got {v!r}")
+        return tuple(v)
+
+    @field_validator("metric_definitions", mode="before")
+    @classmethod
+    def _metric_definitions(cls, v: object) -> tuple:
+        return tuple(check_metric_definitions(v))
+
+    @field_validator("volume_size", mode="before")
+    @classmethod
+    def _volume(cls, v: object) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 16384:
+            raise ValueError(f"must be a whole number of GB between 1 and 16384, got {v!r}")
+        return v
+
+    @field_validator("max_retry_attempts")
+    @classmethod
+    def _retries(cls, v: int) -> int:
+        if not 0 <= v <= 30:
+            raise ValueError(f"must be between 0 and 30, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _ec2(self) -> "JobSpec":
+        local = catalog.lookup(self.instance_type).is_local
+        given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait", "security_group_ids")
+                 if getattr(self, f)]
+        if local and given:
+            raise ValueError(f"{given[0]}: only for EC2 instance types; local jobs run in this Python environment")
+        fsx = [c.name for c in self.channels if c.uri.startswith("fsx://")]
+        if local and fsx:
+            raise ValueError(f"inputs.{fsx[0]}: FSx channels need an EC2 instance type; give an s3:// or file:// URI")
+        if self.max_wait is not None and not self.use_spot_instances:
+            raise ValueError("max_wait: only with use_spot_instances=True")
+        if self.use_spot_instances and (self.max_wait is None or self.max_wait < self.max_run):
+            raise ValueError(f"max_wait: spot jobs need max_wait >= max_run ({self.max_run} s), got {self.max_wait}")
+        return self
+
+    @model_validator(mode="after")
+    def _entry(self) -> "JobSpec":
+        if self.entry_kind == "module" and not MODULE_NAME.match(self.entry_point):
+            raise ValueError(f"entry_point: {self.entry_point!r} is not a module name")
+        names = [c.name for c in self.channels]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"channels: duplicate channel name(s) {dup}")
+        return self
+
+    @property
+    def hosts(self) -> list[str]:
+        """`algo-1..N`, ordered by index (not as strings: algo-2 before algo-10)."""
+        return [f"algo-{i + 1}" for i in range(self.instance_count)]
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.processes_per_host
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        return cls.model_validate_json(text)
+
+
+def build_spec(**fields: Any) -> JobSpec:
+    """Validate `fields` into a JobSpec, turning pydantic's errors into one ConfigError naming the field."""
+    try:
+        return JobSpec.model_validate(fields)
+    except ValidationError as e:
+        raise _config_error(e) from None
+
+
+def _config_error(e: ValidationError) -> ConfigError:
+    messages = []
+    first_field = None
+    for err in e.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "job"
+        msg = err["msg"].removeprefix("Value error, ")
+        ctx_err = err.get("ctx", {}).get("error")
+        if isinstance(ctx_err, ConfigError):  # raised by a shared checker: keep its own field name
+            field, msg = ctx_err.field, str(ctx_err).split(": ", 1)[1]
+        if field.startswith("channels."):  # channels.0.uri -> inputs.<name>
+            field = "inputs" + field[len("channels") :]
+        if err["type"] == "missing":
+            msg = "required"
+        named = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S) if field == "job" else None
+        if named:  # a check across fields that names the one at fault
+            field, msg = named.groups()
+        first_field = first_field or field
+        messages.append(msg if field == first_field and not messages else f"{field}: {msg}")
+    return ConfigError(first_field or "job", "; ".join(messages))
+

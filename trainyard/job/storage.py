@@ -1,0 +1,114 @@
+"""Object-storage primitives on `s3://` and `file://` URIs, shared by the SDK and the driver.
+
+boto3 resolves the endpoint the usual way: `AWS_ENDPOINT_URL` (set for local jobs on the embedded
+store) or real S3. Transfers use boto3's managed transfer (multipart and retries built in).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from functools import cache
+
+from trainyard.job.uris import join, split_s3
+
+
+@cache
+def _s3(endpoint: str | None):
+    import boto3
+    from botocore.config import Config
+
+    # "standard" retry mode retries throttling, 5xx and dropped connections with backoff
+    cfg = Config(retries={"max_attempts": 8, "mode": "standard"}, s3={"addressing_style": "path"} if endpoint else {})
+    return boto3.client("s3", endpoint_url=endpoint, config=cfg)
+
+
+def s3_client():
+    return _s3(os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
+def _local(uri: str) -> str:
+    return uri[len("file://") :]
+
+
+def put_file(local_path: str, uri: str) -> None:
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        s3_client().upload_file(local_path, bucket, key)
+    else:
+        dest = _local(uri)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(local_path, dest + ".partial")
+        os.replace(dest + ".partial", dest)
+
+
+def get_file(uri: str, local_path: str) -> None:
+    os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        s3_client().download_file(bucket, key, local_path)
+    else:
+        shutil.copyfile(_local(uri), local_path)
+
+
+def exists(uri: str) -> bool:
+    if uri.startswith("s3://"):
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            s3_client().head_object(Bucket=bucket, Key=key)
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
+                return False
+            raise
+    return os.path.exists(_local(uri))
+
+
+def list_files(uri: str) -> list[tuple[str, str, int]]:
+    """Every object under the prefix `uri` as (uri, path relative to the prefix, size), sorted.
+
+    A prefix is a folder: `s3://b/data` lists `data/...`, never a sibling `data-old/...`.
+    """
+    out: list[tuple[str, str, int]] = []
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        prefix = key.rstrip("/") + "/" if key else ""
+        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(prefix) :]
+                if rel and not rel.endswith("/"):
+                    out.append((f"s3://{bucket}/{obj['Key']}", rel, obj["Size"]))
+        if not out and key and exists(uri):  # the URI names one object
+            size = s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"]
+            out.append((uri, os.path.basename(key), size))
+    else:
+        path = _local(uri)
+        if os.path.isfile(path):
+            return [(uri, os.path.basename(path), os.path.getsize(path))]
+        for dirpath, _, names in os.walk(path):
+            for n in names:
+                full = os.path.join(dirpath, n)
+                out.append(("file://" + full, os.path.relpath(full, path), os.path.getsize(full)))
+    return sorted(out, key=lambda t: t[1])
+
+
+def shard(files: list, host_index: int, host_count: int, distribution: str) -> list:
+    """The objects of a channel (`list_files` order) that one host gets: all, or with ShardedByS3Key every
+    N-th in key order. Shared by the local backend's supervisor and the EC2 node agent."""
+    return files[host_index::host_count] if distribution == "ShardedByS3Key" else list(files)
+
+
+def download_tree(uri: str, dest: str, files: list[tuple[str, str, int]] | None = None) -> int:
+    """Copy the objects under `uri` (or the given subset of `list_files(uri)`) into `dest`; returns bytes."""
+    total = 0
+    for obj_uri, rel, size in files if files is not None else list_files(uri):
+        get_file(obj_uri, os.path.join(dest, rel))
+        total += size
+    return total
+
+
+def output_prefix(output_path: str, job_name: str) -> str:
+    """Where a job's artifacts go: `<output_path>/<job>/output/` (model.tar.gz, output.tar.gz)."""
+    return join(output_path, job_name, "output")

@@ -1,0 +1,4 @@
+"""SageMaker's `sagemaker.local` import path (local mode)."""
+from trainyard.sdk.session import LocalSession
+
+__all__ = ["LocalSession"]

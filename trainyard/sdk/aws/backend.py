@@ -1,0 +1,177 @@
+"""The EC2 backend: `fit()` for a non-local instance type.
+
+    preflight (spends nothing) -> [dry_run: print the plan, stop] -> checks of the buckets and channels
+    -> code upload (content-addressed) -> job folder + spec in S3 -> provision and launch (all or
+    nothing) -> detached controller (trainyard/sdk/aws/controller.py) -> `Ec2Job`
+
+The job folder (`$TRAINYARD_HOME/jobs/<job>/`) is shaped as a local job's, so `describe()`, `wait()`,
+`logs()`, `stop()` and `Estimator.attach()` are the same code; `runtime.json` says `"backend": "ec2"`.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_json
+from trainyard.sdk.job import TrainingJob
+from trainyard.job.spec import JobSpec, build_spec
+from trainyard.job.uris import join
+
+STOP_TIMEOUT_S = 900.0  # terminating GPU instances and releasing their interfaces takes minutes
+
+
+def state_uri(spec: JobSpec) -> str:
+    """Where the job's spec and the nodes' status objects live."""
+    return join(spec.output_path, spec.job_name, "trainyard")
+
+
+class Ec2Job(TrainingJob):
+    """A handle on an EC2 job: the local job's, with EC2's stop time and the region in the ARN."""
+
+    stop_timeout_s = STOP_TIMEOUT_S
+
+    def __repr__(self) -> str:
+        return f"Ec2Job({self.name!r})"
+
+    def describe(self) -> dict:
+        out = super().describe()
+        runtime = read_json(f"{self.dir}/runtime.json")
+        out["TrainingJobArn"] = out["TrainingJobArn"].replace(":local:", f":{runtime['region']}:")
+        out["ResourceConfig"]["InstanceType"] = f"ml.{self.spec.instance_type}"
+        out["EnableManagedSpotTraining"] = self.spec.use_spot_instances
+        if self.spec.image_uri:
+            out["AlgorithmSpecification"]["TrainingImage"] = self.spec.image_uri
+        return out
+
+
+class Ec2Backend:
+    """EC2 instances with EFA, provisioned by this process and followed by a detached controller."""
+
+    name = "ec2"
+
+    def __init__(self, session=None, say=print):
+        import boto3
+
+        self.session = session or boto3.Session()
+        self.say = say
+
+    job_class = Ec2Job
+
+    def check(self, spec: JobSpec) -> None:
+        _check_inputs(spec)
+
+    def plan(self, spec: JobSpec):
+        """Preflight: read-only calls (Describe/Get/List) that find everything a launch would fail on."""
+        from trainyard.sdk.aws.preflight import preflight
+
+        return preflight(spec, session=self.session)
+
+    def launch(self, spec: JobSpec, plan, upload_code) -> "Ec2Job":
+        """Checks the buckets and channels, uploads the code (after every check passed), provisions all
+        hosts or none, and starts the controller."""
+        _check_storage(spec, self.session)
+        if os.path.exists(job_dir(spec.job_name)):
+            raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists; choose another name")
+        spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec)})
+        return _start(spec, plan, self.session, self.say)
+
+
+def _check_inputs(spec: JobSpec) -> None:
+    for ch in spec.channels:
+        if ch.uri.startswith("file://"):
+            raise ConfigError(f"inputs.{ch.name}", f"{ch.uri} is on this machine, which EC2 instances cannot read; "
+                                                   "upload it to s3:// (or use an FSx file system) and pass that URI")
+    if not spec.output_path.startswith("s3://"):
+        raise ConfigError("output_path", f"{spec.output_path!r}: EC2 jobs write their artifacts to an s3:// prefix")
+
+
+def _check_storage(spec: JobSpec, session) -> None:
+    """The buckets exist and the S3 channels are not empty (on the real service: never the embedded store)."""
+    from trainyard.job.uris import split_s3
+
+    s3 = session.client("s3")
+    for field in ("output_path", "checkpoint_s3_uri"):
+        uri = getattr(spec, field)
+        if uri:
+            try:
+                s3.head_bucket(Bucket=split_s3(uri)[0])
+            except Exception:  # noqa: BLE001 - botocore's ClientError: 404 or 403
+                raise ConfigError(field, f"bucket {split_s3(uri)[0]!r} of {uri} does not exist or is not "
+                                         "accessible; create it first") from None
+    for ch in spec.channels:
+        if ch.uri.startswith("s3://"):
+            bucket, prefix = split_s3(ch.uri)
+            if not s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"):
+                raise ConfigError(f"inputs.{ch.name}", f"nothing found at {ch.uri}; upload the data first or fix the URI")
+
+
+def _start(spec: JobSpec, plan, session, say) -> "Ec2Job":
+    from trainyard.sdk.aws.provision import Cluster, Ledger
+    from trainyard.sdk.aws.userdata import render_user_data
+    from trainyard.job.uris import split_s3
+
+    jobdir = job_dir(spec.job_name)
+    os.makedirs(f"{jobdir}/logs")
+    with open(f"{jobdir}/spec.json", "w") as fh:
+        fh.write(spec.to_json())
+    fsx = [{"file_system_id": f["file_system_id"], "dns_name": f["dns_name"], "mount_name": f["mount_name"]}
+           for f in plan.fsx]
+    runtime = {"backend": "ec2", "region": plan.region, "state_uri": state_uri(spec), "fsx_mounts": fsx, "attempt": 1}
+    write_json(f"{jobdir}/runtime.json", runtime)
+    status = Status(f"{jobdir}/status.json")
+    status.transition("Starting", "Preflight passed: " + plan.describe().splitlines()[0])
+    bucket, key = split_s3(join(runtime["state_uri"], "spec.json"))
+    session.client("s3").put_object(Bucket=bucket, Key=key, Body=spec.to_json().encode())
+    status.transition("Provisioning", f"Provisioning {spec.instance_count} x {plan.instance_type} in {plan.zone}")
+    cluster = Cluster(session, spec.job_name, ledger=Ledger(path=f"{jobdir}/ledger.json"), say=say)
+    try:
+        cluster.provision(plan, lambda attempt: render_user_data(
+            spec, state_uri=runtime["state_uri"], region=plan.region, attempt=attempt, fsx_mounts=fsx))
+    except KeyboardInterrupt:
+        status.transition("Stopped", "Interrupted while provisioning; everything created was deleted", status="Stopped")
+        raise
+    except Exception as e:
+        status.update(FailureReason=f"{type(e).__name__}: {e}"[:1024])
+        status.transition("Failed", "Provisioning failed; everything created was deleted", status="Failed")
+        raise JobFailedError(spec.job_name, "Failed", str(e)) from e
+    with open(f"{jobdir}/logs/supervisor.log", "ab") as log:
+        subprocess.Popen([sys.executable, "-m", "trainyard.sdk.aws.controller", jobdir], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                         env={**os.environ, "AWS_DEFAULT_REGION": plan.region})
+    return Ec2Job(spec.job_name)
+
+
+def gc(session, *, say=print, include_running: bool = False) -> dict[str, list[str]]:
+    """Delete what ended jobs left behind, found by their `trainyard:job` tag. A job whose controller still
+    runs here is skipped; so is one with pending or running instances unless `include_running` (a job
+    started from another machine looks like that). Returns {job: what could not be deleted}."""
+    from trainyard.sdk.aws.provision import Cluster, Ledger, find_tagged
+
+    order = ("subnet", "security-group", "placement-group", "instance-profile", "launch-template", "instance")
+    by_job: dict[str, list[dict]] = {}
+    found = find_tagged(session)
+    for kind in order:  # creation order: teardown goes the other way
+        items = found[kind]
+        for item in items:
+            if kind == "instance" and item["state"] == "terminated":
+                continue
+            by_job.setdefault(item["job"], []).append({"kind": kind, **item})
+    left: dict[str, list[str]] = {}
+    for job, items in sorted(by_job.items()):
+        try:
+            pid = read_json(f"{job_dir(job)}/supervisor.json")["pid"]
+            status = read_json(f"{job_dir(job)}/status.json")["TrainingJobStatus"]
+            if pid_alive(pid) and status == "InProgress":
+                say(f"{job}: in progress (controller pid {pid}); skipped")
+                continue
+        except (OSError, ValueError, KeyError):
+            pass
+        running = [i["id"] for i in items if i["kind"] == "instance" and i["state"] in ("pending", "running")]
+        if running and not include_running:
+            say(f"{job}: instances {running} are running; skipped (--include-running to delete them too)")
+            continue
+        say(f"{job}: deleting {len(items)} resource(s)")
+        left[job] = Cluster(session, job, ledger=Ledger(items=items), say=say).teardown()
+    return left

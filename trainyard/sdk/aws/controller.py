@@ -1,0 +1,225 @@
+"""The detached controller of one EC2 job (`python -m trainyard.sdk.aws.controller <jobdir>`): it plays
+the part SageMaker's service plays. Started by `fit()` once the instances are launched, it
+
+- follows the job: each node's status object in S3 (`<state_uri>/hosts/algo-N/status.json`, written by
+  the node agent) and the instances' states; the least advanced node sets the secondary status
+  (Downloading, Training, Uploading);
+- mirrors each node's CloudWatch Logs stream into the job folder (`logs/algo-N.log`), so that
+  `wait()`, `logs()` and `attach()` work as for local jobs;
+- brings a spot job back after an interruption (up to `max_retry_attempts` times, within `max_wait`):
+  the interrupted attempt's instances are terminated and all N are launched again; the engine resumes
+  from its newest committed checkpoint;
+- ends the job: Completed when every node completed; Failed when one failed or an instance vanished
+  with no retry left; Stopped on `stop()` (SIGTERM) or past `max_run`; and in every case terminates
+  the instances and deletes everything the job created (`ledger.json`).
+
+The instances also end themselves: the user data shuts the instance down when the container exits
+(the launch template terminates on shutdown), so a controller that dies costs no GPU hours;
+`trainyard gc` removes what it would have deleted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
+from trainyard.job.spec import JobSpec
+
+LOG_GROUP = "/trainyard/jobs"
+POLL_S = float(os.environ.get("TRAINYARD_CONTROLLER_POLL_S", "5"))
+PHASES = ("Starting", "Downloading", "Training", "Uploading", "Completed")
+MESSAGES = {"Downloading": "Downloading input data on the instances", "Training": "Training in progress",
+            "Uploading": "Uploading model and output data"}
+GONE = ("shutting-down", "terminated", "stopping", "stopped")
+INTERRUPT_GRACE_S = 150  # a spot notice comes two minutes before the instance is reclaimed
+
+
+def _log(msg: str) -> None:
+    print(f"[trainyard {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Controller:
+    def __init__(self, jobdir: str):
+        import boto3
+
+        from trainyard.sdk.aws.provision import Cluster, Ledger
+
+        self.jobdir = jobdir
+        self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
+        self.runtime = read_json(f"{jobdir}/runtime.json")
+        self.status = Status(f"{jobdir}/status.json")
+        self.session = boto3.Session(region_name=self.runtime["region"])
+        self.cluster = Cluster(self.session, self.spec.job_name, ledger=Ledger.load(f"{jobdir}/ledger.json"), say=_log,
+                               tags=self.spec.tags)
+        self.s3, self.logs = self.session.client("s3"), self.session.client("logs")
+        self.log_tokens: dict[str, str | None] = {}
+        self.stopping = False
+        self.interrupted_at: float | None = None  # when the current attempt's first node reported a notice
+
+    # ---- what the nodes say -----------------------------------------------------------------------------
+
+    def host_status(self, host: str, attempt: int) -> dict | None:
+        from trainyard.job.uris import join, split_s3
+
+        bucket, key = split_s3(join(self.runtime["state_uri"], "hosts", host, "status.json"))
+        try:
+            doc = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except Exception as e:  # noqa: BLE001 - not written yet (NoSuchKey), or a transient error
+            if "NoSuchKey" not in str(e) and "404" not in str(e):
+                _log(f"reading {host}'s status failed: {e}")
+            return None
+        return doc if doc.get("attempt") == attempt else None
+
+    def mirror_logs(self) -> None:
+        """Append each node's new CloudWatch Logs events to `logs/algo-N.log`."""
+        for host in self.spec.hosts:
+            stream = f"{self.spec.job_name}/{host}"
+            lines: list[str] = []
+            while True:
+                kwargs = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
+                if self.log_tokens.get(host):
+                    kwargs["nextToken"] = self.log_tokens[host]
+                try:
+                    reply = self.logs.get_log_events(**kwargs)
+                except Exception as e:  # noqa: BLE001 - the stream appears when the node starts
+                    if "ResourceNotFound" not in str(e):
+                        _log(f"reading {stream} from CloudWatch Logs failed: {e}")
+                    break
+                lines += [event["message"].rstrip("\n") for event in reply["events"]]
+                token = reply.get("nextForwardToken")
+                if not reply["events"] or token == self.log_tokens.get(host):
+                    self.log_tokens[host] = token
+                    break
+                self.log_tokens[host] = token
+            if lines:
+                with open(f"{self.jobdir}/logs/{host}.log", "a") as fh:
+                    fh.write("\n".join(lines) + "\n")
+
+    def instance_states(self, attempt: int) -> dict[str, str]:
+        ids = [i["id"] for i in self.cluster.ledger.items if i["kind"] == "instance" and i.get("attempt") == attempt]
+        if not ids:
+            return {}
+        reply = self.cluster.ec2.describe_instances(InstanceIds=ids)
+        return {i["InstanceId"]: i["State"]["Name"] for r in reply["Reservations"] for i in r["Instances"]}
+
+    # ---- the loop ---------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        write_json(f"{self.jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        spec, attempt = self.spec, self.runtime.get("attempt", 1)
+        started = time.monotonic()
+        training_started: float | None = None
+        secondary = self.status.doc["SecondaryStatus"]
+        outcome, reason = "Failed", ""
+        try:
+            while True:
+                self.mirror_logs()
+                if self.stopping or os.path.exists(f"{self.jobdir}/stop-requested"):
+                    outcome = "Stopped"
+                    break
+                docs = {h: self.host_status(h, attempt) for h in spec.hosts}
+                states = self.instance_states(attempt)
+                phases = [d["phase"] if d else "Starting" for d in docs.values()]
+                failed = [d for d in docs.values() if d and d["phase"] == "Failed"]
+                if failed:
+                    reason = failed[0].get("failure_reason") or f"{failed[0]['host']} failed"
+                    if reason.startswith("MaxRuntimeExceeded"):  # the node's own guard fired first
+                        outcome = "MaxRuntimeExceeded"
+                    break
+                least = min(phases, key=PHASES.index) if all(p in PHASES for p in phases) else "Starting"
+                done = PHASES.index(secondary) if secondary in PHASES else 0
+                for phase in PHASES[done + 1:PHASES.index(least) + 1]:  # every node passed the ones between
+                    if phase in MESSAGES:
+                        self.status.transition(phase, MESSAGES[phase])
+                        secondary = phase
+                if least == "Completed":
+                    outcome = "Completed"
+                    break
+                interrupted = [h for h, d in docs.items() if d and d["phase"] == "Interrupted"]
+                vanished = [i for i, s in states.items() if s in GONE]
+                if interrupted and not vanished and not self.settled(docs, interrupted):
+                    # the engine is writing its emergency checkpoint: let it finish (EC2 gives 2 minutes)
+                    time.sleep(POLL_S)
+                    continue
+                if interrupted or vanished:
+                    what = f"hosts {interrupted} interrupted" if interrupted else f"instances {vanished} ended"
+                    if not self.retry(attempt, what, started):
+                        reason = f"{what} and no retry is left (use_spot_instances with max_retry_attempts)"
+                        break
+                    attempt += 1
+                    secondary = "Starting"
+                    continue
+                if least == "Training" and training_started is None:
+                    training_started = time.monotonic()
+                if training_started is not None and time.monotonic() - training_started > spec.max_run:
+                    outcome = "MaxRuntimeExceeded"
+                    break
+                if spec.max_wait is not None and time.monotonic() - started > spec.max_wait:
+                    outcome, reason = "Failed", f"MaxWaitTimeExceeded: max_wait={spec.max_wait}s passed"
+                    break
+                time.sleep(POLL_S)
+        except Exception as e:  # noqa: BLE001 - the job fails with the reason; teardown still runs
+            outcome, reason = "Failed", f"controller: {type(e).__name__}: {e}"
+        return self.finish(outcome, reason)
+
+    def settled(self, docs: dict, interrupted: list[str]) -> bool:
+        """Every interrupted node has finished (its agent wrote an exit code), or the notice is old."""
+        if self.interrupted_at is None:
+            self.interrupted_at = time.monotonic()
+        done = all(docs[h].get("exit_code") is not None for h in interrupted)
+        if done or time.monotonic() - self.interrupted_at > INTERRUPT_GRACE_S:
+            self.interrupted_at = None
+            return True
+        return False
+
+    def retry(self, attempt: int, what: str, started: float) -> bool:
+        """Launch the next attempt on new capacity when the job may retry. Returns False when it may not."""
+        from trainyard.sdk.aws.userdata import render_user_data
+
+        spec = self.spec
+        if not spec.use_spot_instances or attempt > spec.max_retry_attempts:
+            return False
+        self.status.transition("Interrupted", f"{what}; launching attempt {attempt + 1} of "
+                                              f"{spec.max_retry_attempts + 1} on new capacity")
+        self.cluster.terminate([i for i in self.instance_states(attempt)], wait=False)
+        user_data = render_user_data(spec, state_uri=self.runtime["state_uri"], region=self.runtime["region"],
+                                     attempt=attempt + 1, fsx_mounts=self.runtime.get("fsx_mounts", []))
+        while not self.stopping:
+            if self.cluster.relaunch(user_data, attempt=attempt + 1, count=spec.instance_count,
+                                     use_spot=spec.use_spot_instances):
+                self.runtime["attempt"] = attempt + 1
+                write_json(f"{self.jobdir}/runtime.json", self.runtime)
+                self.status.transition("Starting", f"attempt {attempt + 1}: instances launched")
+                return True
+            if spec.max_wait is not None and time.monotonic() - started > spec.max_wait:
+                return False
+            time.sleep(max(POLL_S, 30))
+        return False
+
+    def finish(self, outcome: str, reason: str) -> int:
+        spec, st = self.spec, self.status
+        left = self.cluster.teardown()
+        if left:
+            _log("WARNING: left behind: " + "; ".join(left))
+        try:  # after the teardown: the nodes' last lines have had the time to arrive
+            self.mirror_logs()
+        except Exception as e:  # noqa: BLE001
+            _log(f"reading the last log lines failed: {e}")
+        first = self.host_status(spec.hosts[0], self.runtime.get("attempt", 1)) or {}
+        artifacts = first.get("phase") in ("Uploading", "Completed", "Failed")  # its driver uploads at the end
+        record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _log(f"controller pid {os.getpid()} for {argv[0]}")
+    return Controller(argv[0]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""`Estimator`: SageMaker's Python SDK v2 surface, Trainyard's backends.
+
+    est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
+                    hyperparameters={"steps": 20}, checkpoint_s3_uri="s3://my-bucket/ckpt")
+    est.fit()
+    est.latest_training_job.metrics()
+
+Every argument of SageMaker's `EstimatorBase`, `Framework` and `PyTorch` is accepted. Those that mean
+something here are used (docs/sdk.md has the table, per backend); those that do not are accepted and
+named once on stderr (and in `inert_arguments`), never silently changing what runs. Every argument is
+checked when the Estimator is built; `fit()` checks the inputs, asks the backend for its plan (read-only
+checks), then packages and uploads the code and starts the job: nothing is uploaded or started before
+all checks pass.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from typing import Any
+
+from trainyard.container.contract import user_args
+from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.job import catalog
+from trainyard.job.distribution import normalize
+from trainyard.job.errors import ConfigError
+from trainyard.job.spec import BUILTIN_TRAINER, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME, JobSpec, build_spec
+from trainyard.job.uris import check_storage_uri, join
+from trainyard.sdk import packaging, terraform
+from trainyard.sdk.analytics import TrainingJobAnalytics
+from trainyard.sdk.backends import backend_for, open_job
+from trainyard.sdk.inputs import TrainingInput, to_channels
+from trainyard.sdk.netem import unavailable_reason
+from trainyard.sdk.session import Session, default_output_path
+from trainyard.sdk.versions import check_framework
+
+# SageMaker arguments that ask for a service Trainyard does not run, with the values that ask for nothing
+# (those are not reported). Any other value is accepted and named once as having no effect.
+INERT_UNLESS = {
+    "keep_alive_period_in_seconds": (None, 0),
+    "volume_kms_key": (None,),
+    "output_kms_key": (None,),
+    "rules": (None, [], ()),
+    "debugger_hook_config": (None, False),
+    "tensorboard_output_config": (None,),
+    "profiler_config": (None,),
+    "disable_profiler": (None, True, False),
+    "enable_network_isolation": (None, False),
+    "encrypt_inter_container_traffic": (None, False),
+    "training_repository_access_mode": (None,),
+    "training_repository_credentials_provider_arn": (None,),
+    "enable_infra_check": (None, False),
+    "container_entry_point": (None,),
+    "container_arguments": (None,),
+    "disable_output_compression": (None, False),
+    "enable_remote_debug": (None, False),
+    "enable_session_tag_chaining": (None, False),
+    "training_plan": (None,),
+    "instance_placement_config": (None,),
+    "compiler_config": (None,),
+    "enable_sagemaker_metrics": (None, True, False),
+}
+# EC2 arguments that SageMaker's local mode ignores: accepted and reported for local jobs
+EC2_ONLY = ("image_uri", "subnets", "security_group_ids", "use_spot_instances", "max_wait", "volume_size")
+EC2_DEFAULTS = {"image_uri": None, "subnets": None, "security_group_ids": None, "use_spot_instances": False,
+                "max_wait": None, "volume_size": 30}
+INPUT_MODES = ("File", "FastFile")
+
+
+class Estimator:
+    """A training job's configuration; `fit()` runs it. SageMaker's argument names and defaults."""
+
+    _framework: dict[str, str] = {}
+    """What the estimator class says of the image (the PyTorch and HuggingFace classes set it)."""
+
+    def _versions(self) -> dict[str, tuple[str, str | None]]:
+        """The version arguments to check against the environment: {argument: (package, version)}."""
+        return {"framework_version": ("torch", self.framework_version)}
+
+    def __init__(
+        self,
+        entry_point: str | None = None,
+        source_dir: str | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        instance_type: str = "local",
+        instance_count: int = 1,
+        processes_per_host: int | None = None,
+        distribution: dict | None = None,
+        environment: dict[str, str] | None = None,
+        checkpoint_s3_uri: str | None = None,
+        checkpoint_local_path: str | None = None,
+        output_path: str | None = None,
+        code_location: str | None = None,
+        base_job_name: str | None = None,
+        max_run: int = DEFAULT_MAX_RUN,
+        role: str | None = None,
+        emulated_network: dict | None = None,
+        image_uri: str | None = None,
+        subnets: list[str] | None = None,
+        use_spot_instances: bool = False,
+        max_wait: int | None = None,
+        max_retry_attempts: int | None = None,
+        boto_session=None,
+        *,
+        sagemaker_session=None,
+        volume_size: int = 30,
+        input_mode: str = "File",
+        tags=None,
+        security_group_ids: list[str] | None = None,
+        metric_definitions: list[dict[str, str]] | None = None,
+        container_log_level: int = 20,
+        dependencies: list[str] | None = None,
+        git_config: dict[str, str] | None = None,
+        model_uri: str | None = None,
+        model_channel_name: str = "model",
+        instance_groups=None,
+        framework_version: str | None = None,
+        py_version: str | None = None,
+        training_recipe: str | None = None,
+        recipe_overrides: dict | None = None,
+        **sagemaker_only,
+    ):
+        unknown = sorted(set(sagemaker_only) - set(INERT_UNLESS))
+        if unknown:
+            raise TypeError(f"Estimator() got unexpected keyword argument(s) {unknown}: neither SageMaker's nor "
+                            "Trainyard's (see docs/sdk.md for the accepted ones)")
+        if training_recipe is not None or recipe_overrides:
+            raise ConfigError("training_recipe", "SageMaker HyperPod recipes are not run by Trainyard; give an "
+                                                 "entry_point (e.g. 'trainyard.engine.train') and hyperparameters")
+        if instance_groups:
+            raise ConfigError("instance_groups", "heterogeneous clusters are not supported; give instance_type and "
+                                                 "instance_count")
+        if input_mode not in INPUT_MODES:
+            raise ConfigError("input_mode", f"{input_mode!r} is not supported: Trainyard stages channels as files; "
+                                            "use 'File' or 'FastFile' (both give the script the same files)")
+        session = sagemaker_session if sagemaker_session is not None else None
+        if boto_session is None and session is not None:
+            boto_session = session.boto_session
+        itype = catalog.lookup(instance_type)
+        local = itype.is_local
+        inert = [k for k, v in sagemaker_only.items() if not _asks_nothing(v, INERT_UNLESS[k])]
+        ec2 = dict(image_uri=image_uri, subnets=subnets, security_group_ids=security_group_ids,
+                   use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size)
+        if local:
+            inert += [k for k in EC2_ONLY if ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
+            ec2 = EC2_DEFAULTS | {"volume_size": 30}
+        self.git_config = git_config
+        self._repo = _clone(git_config) if git_config else None
+        if self._repo is not None:
+            source_dir = os.path.join(self._repo, source_dir) if source_dir else self._repo
+            dependencies = [os.path.join(self._repo, d) for d in dependencies or []]
+        self.instance_type = instance_type
+        self.source_dir = source_dir
+        self.dependencies = _check_dependencies(dependencies)
+        self._entry_file, entry, kind = _resolve_entry_point(entry_point, source_dir)
+        if output_path is None:
+            output_path = default_output_path(session, local=local)
+        if code_location is not None:
+            check_storage_uri("code_location", code_location)
+        self.code_location = code_location
+        self.base_job_name = base_job_name or _default_base_name(entry)
+        _check_job_name("base_job_name", self.base_job_name, max_len=63 - len("-YYYYMMDD-HHMMSS-fff"))
+        self.framework_version, self.py_version = framework_version, py_version
+        notes = check_framework(self._versions(), py_version, local=local)
+        processes = _processes_per_host(itype, distribution, processes_per_host)
+        fields: dict[str, Any] = dict(
+            entry_point=entry, entry_kind=kind, hyperparameters=hyperparameters, instance_type=instance_type,
+            instance_count=instance_count, processes_per_host=processes, distribution=distribution,
+            environment=environment, checkpoint_s3_uri=checkpoint_s3_uri, output_path=output_path, max_run=max_run,
+            role=role, max_retry_attempts=0 if max_retry_attempts is None else max_retry_attempts,
+            input_mode=input_mode, tags=tags, metric_definitions=metric_definitions,
+            enable_sagemaker_metrics=sagemaker_only.get("enable_sagemaker_metrics"),
+            container_log_level=container_log_level, inert=tuple(inert),
+            framework={**self._framework, **{k: v for k, (_, v) in self._versions().items() if v},
+                       **({"py_version": py_version} if py_version else {})},
+            **ec2,
+        )
+        if checkpoint_local_path is not None:
+            fields["checkpoint_local_path"] = checkpoint_local_path
+        if emulated_network is not None:
+            if not local:
+                raise ConfigError("emulated_network", "only for instance_type='local'")
+            why = unavailable_reason()
+            if why:
+                raise ConfigError("emulated_network", why)
+            fields["emulated_network"] = emulated_network
+        self._spec = build_spec(**fields)
+        typed = normalize(self._spec.distribution, world_size=self._spec.world_size,
+                          processes_per_host=self._spec.processes_per_host)
+        if kind == "module" and entry == BUILTIN_TRAINER:
+            _check_builtin_hyperparameters(self._spec, typed)
+        self.model_uri, self.model_channel_name = model_uri, model_channel_name
+        if model_uri is not None:
+            to_channels({model_channel_name: model_uri})  # checked now, staged as a channel by fit()
+        self.sagemaker_session = session
+        self.boto_session = boto_session  # EC2 jobs: the boto3 Session to use (default: boto3.Session())
+        self.latest_training_job = None
+        self.inert_arguments = tuple(inert)
+        for note in notes:
+            print(f"[trainyard] {note}", file=sys.stderr)
+        if inert:
+            where = "local jobs" if local else "EC2 jobs"
+            print(f"[trainyard] accepted with no effect on {where}: {', '.join(inert)} (docs/sdk.md says why)",
+                  file=sys.stderr)
+
+    # SageMaker-style read access to what was configured
+    def __getattr__(self, name: str):
+        spec = self.__dict__.get("_spec")
+        if spec is not None and name in JobSpec.model_fields:
+            return getattr(spec, name)
+        raise AttributeError(name)
+
+    @property
+    def model_data(self) -> str | None:
+        """Where the last job's `model.tar.gz` is."""
+        if self.latest_training_job is None:
+            return None
+        return self.latest_training_job.describe().get("ModelArtifacts", {}).get("S3ModelArtifacts")
+
+    @property
+    def _current_job_name(self) -> str | None:
+        return None if self.latest_training_job is None else self.latest_training_job.name
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The hyperparameters the job's script receives (as `--name value`)."""
+        return dict(self._spec.hyperparameters)
+
+    def set_hyperparameters(self, **kwargs) -> None:
+        """Add or change hyperparameters (checked as the constructor checks them)."""
+        spec = build_spec(**{**self._spec.model_dump(), "hyperparameters": {**self._spec.hyperparameters, **kwargs}})
+        if spec.entry_kind == "module" and spec.entry_point == BUILTIN_TRAINER:
+            _check_builtin_hyperparameters(spec, normalize(spec.distribution, world_size=spec.world_size,
+                                                           processes_per_host=spec.processes_per_host))
+        self._spec = spec
+
+    def logs(self) -> None:
+        """Print the last job's logs, following them until it ends (SageMaker's `Estimator.logs`)."""
+        self._require_job().logs(wait=True)
+
+    @property
+    def training_job_analytics(self) -> TrainingJobAnalytics:
+        """The last job's metrics as a table (SageMaker's `TrainingJobAnalytics`)."""
+        names = [d["Name"] for d in self._spec.metric_definitions] or None
+        return TrainingJobAnalytics(self._require_job().name, metric_names=names)
+
+    def _require_job(self):
+        if self.latest_training_job is None:
+            raise ValueError("this Estimator has no training job yet: call fit() (or Estimator.attach(name))")
+        return self.latest_training_job
+
+    def deploy(self, *args, **kwargs):
+        raise NotImplementedError("Trainyard trains; it does not host endpoints. Load model_data "
+                                  f"({self.model_data}) with your serving stack")
+
+    def fit(self, inputs=None, wait: bool = True, logs="All", job_name: str | None = None,
+            experiment_config: dict | None = None, dry_run: bool = False):
+        """Check the inputs, ask the backend for its plan, package and upload the code, start the job; with
+        `wait`, follow it to the end (printing its logs unless `logs` is "None").
+
+        With `dry_run`, print the plan (for EC2: the resources and the price) and return it, creating
+        nothing. `experiment_config` (SageMaker Experiments) is accepted and has no effect."""
+        if experiment_config:
+            print("[trainyard] accepted with no effect: experiment_config (SageMaker Experiments)", file=sys.stderr)
+        spec = self._job_spec(inputs, job_name)
+        backend = backend_for(spec, session=self.boto_session)
+        backend.check(spec)
+        plan = backend.plan(spec)
+        if dry_run:
+            print(plan.describe())
+            return plan
+        job = backend.launch(spec, plan, upload_code=self._upload_code)
+        self.latest_training_job = job
+        if wait:
+            job.wait(logs=logs)
+        return job
+
+    def _job_spec(self, inputs, job_name: str | None) -> JobSpec:
+        """The spec of one job: the Estimator's, named (`job_name`, or base_job_name and the time), with
+        the channels of `inputs` (and the model channel of `model_uri`)."""
+        if self.model_uri is not None:
+            if isinstance(inputs, (str, TrainingInput)):
+                inputs = {"training": inputs}
+            inputs = {**(inputs or {}), self.model_channel_name: self.model_uri}
+        channels = to_channels(inputs, default_input_mode=self._spec.input_mode)
+        name = job_name or f"{self.base_job_name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
+        _check_job_name("job_name", name)
+        return build_spec(**{**self._spec.model_dump(), "job_name": name, "channels": channels})
+
+    def to_terraform(self, path: str, inputs=None, *, job_name: str | None = None, region: str | None = None,
+                     availability_zone_id: str | None = None, cluster: dict | None = None,
+                     data_s3_uri: str | None = None, fsx_mounts: list[dict] | None = None) -> list[str]:
+        """Render the job `fit(inputs)` would run as a Terraform root module in `path`, using
+        infra/modules (see trainyard/sdk/terraform.py for the folder and the arguments); returns the files written.
+
+        Nothing is uploaded or created: the code (when there is code to ship) is packaged into
+        `path/sourcedir.tar.gz` and its content-addressed `code_uri` goes into the spec; `terraform apply`
+        uploads it. The region defaults to `boto_session`'s, then AWS_REGION / AWS_DEFAULT_REGION."""
+        spec = self._job_spec(inputs, job_name)
+        if catalog.lookup(spec.instance_type).is_local:
+            raise ConfigError("instance_type", "Terraform renders EC2 jobs: give an EC2 instance type such as "
+                                               "'ml.p5.48xlarge'")
+        archive = None
+        if not (spec.entry_kind == "module" and self.source_dir is None):
+            pkg = self._package()
+            spec = build_spec(**{**spec.model_dump(), "code_uri": join(self.code_location or spec.output_path, pkg.key)})
+            archive = pkg.data
+        if region is None and self.boto_session is not None:
+            region = self.boto_session.region_name
+        return terraform.render_root_module(spec, path, cluster=cluster, region=region,
+                                            availability_zone_id=availability_zone_id, data_s3_uri=data_s3_uri,
+                                            fsx_mounts=fsx_mounts, code_archive=archive)
+
+    def _package(self) -> packaging.Package:
+        return packaging.package(self.source_dir, self._entry_file, dependencies=self.dependencies)
+
+    def _upload_code(self, spec: JobSpec) -> str | None:
+        if spec.entry_kind == "module" and self.source_dir is None and not self.dependencies:
+            return None  # an installed module: nothing to ship
+        return packaging.upload(self._package(), self.code_location or spec.output_path)
+
+    @classmethod
+    def attach(cls, training_job_name: str, sagemaker_session=None, model_channel_name: str = "model") -> "Estimator":
+        """An Estimator bound to an existing job (any backend), found by name (from any process)."""
+        job = open_job(training_job_name)
+        est = cls.__new__(cls)
+        est._spec = job.spec.model_copy(update={"job_name": None, "channels": ()})
+        est.source_dir, est._entry_file, est.code_location, est.boto_session = None, None, None, None
+        est.dependencies, est.git_config, est._repo = (), None, None
+        est.model_uri, est.model_channel_name = None, model_channel_name
+        est.sagemaker_session = sagemaker_session
+        est.framework_version = job.spec.framework.get("framework_version")
+        est.py_version = job.spec.framework.get("py_version")
+        est.inert_arguments = job.spec.inert
+        est.instance_type = job.spec.instance_type
+        est.base_job_name = training_job_name
+        est.latest_training_job = job
+        return est
+
+
+def _asks_nothing(value: Any, defaults: tuple) -> bool:
+    return any(value is d or (type(value) is type(d) and value == d) for d in defaults)
+
+
+def _processes_per_host(itype: catalog.InstanceType, distribution: dict | None, given: int | None) -> int:
+    """SageMaker's rule: one process per GPU (or NeuronCore), one on a CPU host, unless `mpi` says how many
+    (`processes_per_host`) or the `processes_per_host` argument does."""
+    mpi = (distribution or {}).get("mpi") if isinstance(distribution, dict) else None
+    from_mpi = mpi.get("processes_per_host") if isinstance(mpi, dict) and mpi.get("enabled") else None
+    if from_mpi is not None and given is not None and from_mpi != given:
+        raise ConfigError("processes_per_host", f"{given} contradicts distribution mpi.processes_per_host "
+                                                f"({from_mpi}); give one of them")
+    if given is not None:
+        return given
+    if from_mpi is not None:
+        return from_mpi
+    return itype.processes_per_host
+
+
+def _check_dependencies(dependencies: object) -> tuple[str, ...]:
+    if not dependencies:
+        return ()
+    if isinstance(dependencies, str) or not isinstance(dependencies, (list, tuple)):
+        raise ConfigError("dependencies", f"expected a list of paths (folders or files), got {dependencies!r}")
+    for d in dependencies:
+        if not isinstance(d, str) or not os.path.exists(d):
+            raise ConfigError("dependencies", f"{d!r} does not exist; give folders or files on this machine")
+    names = [os.path.basename(os.path.normpath(d)) for d in dependencies]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError("dependencies", f"two dependencies would land at the same name {dup} in the code folder")
+    return tuple(dependencies)
+
+
+def _clone(git_config: object) -> str:
+    """SageMaker's `git_config`: clone `repo` (at `branch` and `commit`) into a temporary folder; source_dir,
+    entry_point and dependencies are then paths inside it."""
+    if not isinstance(git_config, dict) or not isinstance(git_config.get("repo"), str):
+        raise ConfigError("git_config", f"expected {{'repo': URL, 'branch': ..., 'commit': ...}}, got {git_config!r}")
+    dest = tempfile.mkdtemp(prefix="trainyard-git-")
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    repo = git_config["repo"]
+    if git_config.get("token") and repo.startswith("https://"):
+        repo = repo.replace("https://", f"https://{git_config['token']}@", 1)
+    elif git_config.get("username") and repo.startswith("https://"):
+        repo = repo.replace("https://", f"https://{git_config['username']}:{git_config.get('password', '')}@", 1)
+    steps = [["git", "clone", "--quiet", repo, dest]]
+    if git_config.get("branch"):
+        steps.append(["git", "-C", dest, "checkout", "--quiet", git_config["branch"]])
+    if git_config.get("commit"):
+        steps.append(["git", "-C", dest, "checkout", "--quiet", git_config["commit"]])
+    for cmd in steps:
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise ConfigError("git_config", f"{' '.join(cmd[:2])} failed: {e}") from None
+        if r.returncode != 0:
+            what = "clone " + git_config["repo"] if cmd[1] == "clone" else "checkout " + cmd[-1]
+            raise ConfigError("git_config", f"git could not {what}: {(r.stderr or r.stdout).strip()[-500:]}")
+    return dest
+
+
+def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[str | None, str, str]:
+    """-> (file to package when there is no source_dir, entry point as the job sees it, 'script'|'module')."""
+    if not isinstance(entry_point, str) or not entry_point.strip():
+        raise ConfigError("entry_point", "missing: give a script ('train.py', inside source_dir) or an installed "
+                                         "module ('trainyard.engine.train')")
+    if source_dir is not None:
+        if not isinstance(source_dir, str) or not os.path.isdir(source_dir):
+            raise ConfigError("source_dir", f"{source_dir!r} is not a directory; give the folder holding {entry_point!r}")
+        if os.path.isfile(os.path.join(source_dir, entry_point)):
+            return None, entry_point, "script"
+        if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
+            return None, entry_point, "module"
+        raise ConfigError("entry_point", f"{entry_point!r} is not a file in source_dir {source_dir!r}")
+    if os.path.isfile(entry_point):
+        return entry_point, os.path.basename(entry_point), "script"
+    if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
+        try:
+            found = importlib.util.find_spec(entry_point) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            return None, entry_point, "module"
+    raise ConfigError("entry_point", f"{entry_point!r} is neither a file nor an installed module; pass source_dir "
+                                     "with the script in it, or a module name such as 'trainyard.engine.train'")
+
+
+def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
+    """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
+    # the trainer's config module imports torch (the model presets): only for the built-in trainer
+    from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
+
+    par = Parallelism.parse(distribution)
+    try:
+        cfg = parse_hyperparameters(user_args(spec.hyperparameters))
+        cfg.accumulation(par.data_parallel_degree(spec.world_size))  # the batch splits over dp ranks
+    except ValueError as e:
+        raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
+    try:
+        reconcile_distribution(cfg, par, spec.world_size)
+    except ValueError as e:
+        raise ConfigError("distribution", str(e)) from None
+
+
+def _default_base_name(entry: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9]+", "-", entry.removesuffix(".py").rsplit(".", 1)[-1]).strip("-")
+    return (base or "trainyard")[:40]
+
+
+def _check_job_name(field: str, name: object, max_len: int = 63) -> None:
+    if not isinstance(name, str) or not JOB_NAME.match(name) or len(name) > max_len:
+        raise ConfigError(field, f"{name!r} is not a valid name: up to {max_len} letters, digits and hyphens, "
+                                 "starting and ending with a letter or digit")

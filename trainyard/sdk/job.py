@@ -1,0 +1,208 @@
+"""The handle on one training job, whatever ran it: SageMaker's `_TrainingJob` surface over a job folder.
+
+Every backend keeps a job in `$TRAINYARD_HOME/jobs/<job>/` (see `jobstate.py`): the spec, a status
+document written by the process that follows the job (local supervisor, EC2 controller), and one log
+file per host. `TrainingJob` reads that folder, so any process can follow, stop or attach to a job by its
+name; a backend subclasses it only for what differs (the ARN, the stop time).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import datetime
+
+from trainyard.container.contract import hp_json
+from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.job.spec import JobSpec
+from trainyard.sdk import metrics
+from trainyard.sdk.jobstate import TERMINAL, job_dir, pid_alive, read_json, wait_for
+
+STOP_TIMEOUT_S = 60.0
+# wait(logs=...): SageMaker's values. "All" and "Rules" print the job's lines; "None" prints nothing.
+LOG_MODES = {"All": True, "Rules": True, "None": False, True: True, False: False, None: False}
+
+
+class LogFollower:
+    """New complete lines of a job's log files (supervisor first, then algo-1..N), from where it left off."""
+
+    def __init__(self, jobdir: str, hosts: list[str]):
+        self.paths = [f"{jobdir}/logs/supervisor.log"] + [f"{jobdir}/logs/{h}.log" for h in hosts]
+        self.offsets = dict.fromkeys(self.paths, 0)
+
+    def poll(self) -> list[str]:
+        lines = []
+        for path in self.paths:
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[path])
+                    data = fh.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1  # only whole lines; the rest waits for its newline
+            self.offsets[path] += end
+            lines += data[:end].decode(errors="replace").splitlines()
+        return lines
+
+
+class TrainingJob:
+    """`describe()`, `wait()`, `logs()`, `stop()`, `metrics()` of one job, found by its name."""
+
+    stop_timeout_s = STOP_TIMEOUT_S
+
+    def __init__(self, job_name: str):
+        self.name = job_name
+        self.dir = job_dir(job_name)
+        if not os.path.isdir(self.dir):
+            raise ConfigError("job_name", f"no job named {job_name!r} under {os.path.dirname(self.dir)}")
+        self.spec = JobSpec.from_json(open(f"{self.dir}/spec.json").read())
+
+    @property
+    def job_name(self) -> str:
+        """SageMaker's name for `name`."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    def _supervisor_pid(self) -> int | None:
+        try:
+            return read_json(f"{self.dir}/supervisor.json")["pid"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _status(self) -> dict:
+        """The status document. Only the supervisor (or controller) writes it; one that died without a
+        word is reported here (not written), so readers never race the writer."""
+        doc = read_json(f"{self.dir}/status.json")
+        if doc["TrainingJobStatus"] not in TERMINAL and not self._supervisor_alive():
+            doc = read_json(f"{self.dir}/status.json")  # it may have finished between the two looks
+            if doc["TrainingJobStatus"] not in TERMINAL:
+                doc.update(TrainingJobStatus="Failed", SecondaryStatus="Failed",
+                           FailureReason="the job's supervisor process ended unexpectedly; see logs/supervisor.log")
+        return doc
+
+    def _supervisor_alive(self) -> bool:
+        pid = self._supervisor_pid()
+        if pid is not None:
+            return pid_alive(pid)
+        # not started yet: give it a minute before calling it dead
+        return time.time() - os.path.getmtime(f"{self.dir}/status.json") < 60
+
+    def describe(self) -> dict:
+        """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes."""
+        s, spec = self._status(), self.spec
+        out = {
+            "TrainingJobName": self.name,
+            "TrainingJobArn": f"arn:aws:sagemaker:local:000000000000:training-job/{self.name}",
+            "TrainingJobStatus": s["TrainingJobStatus"],
+            "SecondaryStatus": s["SecondaryStatus"],
+            "SecondaryStatusTransitions": [_times(t) for t in s["SecondaryStatusTransitions"]],
+            "HyperParameters": {k: hp_json(v) for k, v in spec.hyperparameters.items()},
+            "AlgorithmSpecification": {"TrainingInputMode": spec.input_mode, "EntryPoint": spec.entry_point,
+                                       "MetricDefinitions": [dict(d) for d in spec.metric_definitions],
+                                       "EnableSageMakerMetricsTimeSeries": spec.enable_sagemaker_metrics},
+            "RoleArn": spec.role,
+            "InputDataConfig": [
+                {"ChannelName": c.name, "DataSource": {"S3DataSource": {"S3Uri": c.uri, "S3DataDistributionType": c.distribution}}}
+                for c in spec.channels
+            ],
+            "OutputDataConfig": {"S3OutputPath": spec.output_path},
+            "ResourceConfig": {"InstanceType": spec.instance_type, "InstanceCount": spec.instance_count,
+                               "VolumeSizeInGB": spec.volume_size},
+            "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run},
+            "Environment": dict(spec.environment),
+            "Tags": [{"Key": k, "Value": v} for k, v in spec.tags.items()],
+        }
+        if spec.checkpoint_s3_uri:
+            out["CheckpointConfig"] = {"S3Uri": spec.checkpoint_s3_uri, "LocalPath": spec.checkpoint_local_path}
+        final = metrics.final_metric_data_list(self._scraped())
+        if final:
+            out["FinalMetricDataList"] = final
+        for k in ("FailureReason", "ModelArtifacts"):
+            if k in s:
+                out[k] = s[k]
+        out.update(_times({k: s[k] for k in ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime") if k in s}))
+        return out
+
+    def status(self) -> str:
+        return self._status()["TrainingJobStatus"]
+
+    def wait(self, logs="All", poll: float = 0.2) -> dict:
+        """Block until the job ends, printing its log lines as they come unless `logs` is "None" (or False).
+
+        Raises JobFailedError when it Failed or ran past max_run; Ctrl-C stops the job, then re-raises.
+        """
+        if logs not in LOG_MODES:
+            raise ConfigError("logs", f"{logs!r}: use 'All', 'None' or 'Rules' (or True/False)")
+        follower = LogFollower(self.dir, self.spec.hosts) if LOG_MODES[logs] else None
+        try:
+            while True:
+                done = self.status() in TERMINAL
+                for line in follower.poll() if follower else ():
+                    print(line, flush=True)
+                if done:
+                    break
+                time.sleep(poll)
+        except KeyboardInterrupt:
+            print(f"[trainyard] interrupted: stopping {self.name} ...", flush=True)
+            self.stop()
+            raise
+        d = self.describe()
+        outcome = "MaxRuntimeExceeded" if d["SecondaryStatus"] == "MaxRuntimeExceeded" else d["TrainingJobStatus"]
+        if outcome in ("Failed", "MaxRuntimeExceeded"):
+            raise JobFailedError(self.name, outcome, d.get("FailureReason", ""))
+        return d
+
+    def logs(self, wait: bool = True, poll: float = 0.2) -> None:
+        """Print the job's log lines: what it printed so far and, with `wait`, the rest as it comes, until
+        it ends (SageMaker's `logs_for_job`). Unlike `wait()`, a failed job does not raise here."""
+        follower = LogFollower(self.dir, self.spec.hosts)
+        while True:
+            done = not wait or self.status() in TERMINAL
+            for line in follower.poll():
+                print(line, flush=True)
+            if done:
+                return
+            time.sleep(poll)
+
+    def log_text(self) -> str:
+        """Everything the job printed so far: supervisor, then each host (rank-prefixed lines)."""
+        return "\n".join(LogFollower(self.dir, self.spec.hosts).poll())
+
+    def stop(self, wait: bool = True) -> None:
+        """Ask the job to stop; every process of it ends. With `wait`, returns once it has."""
+        if self.status() in TERMINAL:
+            return
+        open(f"{self.dir}/stop-requested", "w").close()
+        pid = self._supervisor_pid()
+        if pid is not None and pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+        if wait and not wait_for(lambda: self.status() in TERMINAL, self.stop_timeout_s, 0.1):
+            raise TimeoutError(f"job {self.name} did not stop within {self.stop_timeout_s:.0f}s; see {self.dir}/logs")
+
+    def metrics(self) -> list[dict]:
+        """The job's metrics, oldest first: the rows it wrote to `$SM_OUTPUT_DATA_DIR/metrics.jsonl` (rank 0
+        of algo-1; the built-in trainer writes one per step), then one row per log line that matched the
+        `metric_definitions` (`{"timestamp": ..., "<Name>": value}`)."""
+        path = f"{self.dir}/hosts/{self.spec.hosts[0]}/output/data/metrics.jsonl"
+        out = []
+        if os.path.exists(path):
+            with open(path) as fh:
+                for line in fh:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass  # a line being written right now
+        return out + self._scraped()
+
+    def _scraped(self) -> list[dict]:
+        if not self.spec.metric_definitions:
+            return []
+        paths = [f"{self.dir}/logs/{h}.log" for h in self.spec.hosts]
+        return metrics.scrape_files(paths, self.spec.metric_definitions)
+
+
+def _times(d: dict) -> dict:
+    return {k: (datetime.fromisoformat(v) if k.endswith("Time") and isinstance(v, str) else v) for k, v in d.items()}

@@ -1,0 +1,181 @@
+"""SageMaker's `Session` for what a training notebook does with it: the default bucket, uploads and
+downloads of data, the region; `get_execution_role`; `LocalSession`.
+
+For local jobs (and with no AWS configuration) the bucket lives in the embedded store (sdk/store.py), so
+a notebook's first cells (`session.default_bucket()`, `session.upload_data("data", ...)`) work on a
+laptop with no credentials. `Session(boto_session=...)` with a real boto3 session uses real S3, and the
+default bucket is SageMaker's name for it: `sagemaker-<region>-<account>` (created when missing, as
+SageMaker does).
+"""
+from __future__ import annotations
+
+import os
+
+from trainyard.job import storage
+from trainyard.job.errors import ConfigError
+from trainyard.job.uris import join
+from trainyard.sdk.local import storage_env
+from trainyard.sdk.store import DEFAULT_BUCKET, ensure_store
+
+LOCAL_ROLE = "arn:aws:iam::000000000000:role/trainyard-local"
+
+
+class Session:
+    """`trainyard.Session()`: the embedded store when no boto3 session is given and no AWS endpoint or
+    credentials point elsewhere; `Session(boto_session=boto3.Session(...))` for real S3."""
+
+    local = False
+
+    def __init__(self, boto_session=None, sagemaker_client=None, sagemaker_runtime_client=None,
+                 default_bucket: str | None = None, default_bucket_prefix: str | None = None, **_ignored):
+        self.boto_session = boto_session
+        self._default_bucket = default_bucket
+        self.default_bucket_prefix = default_bucket_prefix
+        self.config = None
+
+    @property
+    def embedded(self) -> bool:
+        """True when this session's S3 is Trainyard's embedded store."""
+        return self.boto_session is None
+
+    @property
+    def boto_region_name(self) -> str:
+        if self.boto_session is not None:
+            return self.boto_session.region_name
+        return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+    def _env(self) -> dict[str, str]:
+        return ensure_store().env() if self.embedded else {}
+
+    def _s3(self):
+        if self.embedded:
+            with storage_env(self._env()):
+                return storage.s3_client()
+        return self.boto_session.client("s3")
+
+    def default_bucket(self) -> str:
+        """The bucket jobs write to by default, created if missing."""
+        if self._default_bucket:
+            return self._default_bucket
+        if self.embedded:
+            self._default_bucket = DEFAULT_BUCKET
+            self._s3()  # the embedded store creates its default bucket on start
+            return self._default_bucket
+        account = self.boto_session.client("sts").get_caller_identity()["Account"]
+        name = f"sagemaker-{self.boto_region_name}-{account}"
+        s3 = self._s3()
+        try:
+            s3.head_bucket(Bucket=name)
+        except Exception:  # noqa: BLE001 - botocore's ClientError (404): create it, as SageMaker does
+            kw = {} if self.boto_region_name == "us-east-1" else {
+                "CreateBucketConfiguration": {"LocationConstraint": self.boto_region_name}}
+            s3.create_bucket(Bucket=name, **kw)
+        self._default_bucket = name
+        return name
+
+    def upload_data(self, path: str, bucket: str | None = None, key_prefix: str = "data",
+                    extra_args: dict | None = None, callback=None) -> str:
+        """Upload a file or a folder (recursively) to `s3://bucket/key_prefix/`; returns the S3 URI: of the
+        file for a file, of the prefix for a folder (SageMaker's return values)."""
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"upload_data: {path} does not exist")
+        bucket = bucket or self.default_bucket()
+        prefix = self._prefixed(key_prefix)
+        s3 = self._s3()
+        if os.path.isfile(path):
+            key = f"{prefix}/{os.path.basename(path)}" if prefix else os.path.basename(path)
+            s3.upload_file(path, bucket, key, ExtraArgs=extra_args)
+            return f"s3://{bucket}/{key}"
+        for dirpath, _dirs, files in os.walk(path):
+            for f in sorted(files):
+                full = os.path.join(dirpath, f)
+                rel = os.path.relpath(full, path).replace(os.sep, "/")
+                s3.upload_file(full, bucket, f"{prefix}/{rel}" if prefix else rel, ExtraArgs=extra_args)
+        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+
+    def download_data(self, path: str, bucket: str, key_prefix: str = "", extra_args: dict | None = None) -> list[str]:
+        """Download every object under `s3://bucket/key_prefix` into the folder `path`; returns the files."""
+        s3 = self._s3()
+        os.makedirs(path, exist_ok=True)
+        out = []
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix):
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                rel = key[len(key_prefix):].lstrip("/") if key_prefix and key != key_prefix else os.path.basename(key)
+                if not rel or key.endswith("/"):
+                    continue
+                dest = os.path.join(path, rel)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                s3.download_file(bucket, key, dest, ExtraArgs=extra_args)
+                out.append(dest)
+        return out
+
+    def upload_string_as_file_body(self, body: str, bucket: str, key: str, kms_key: str | None = None) -> str:
+        self._s3().put_object(Bucket=bucket, Key=key, Body=body.encode())
+        return f"s3://{bucket}/{key}"
+
+    def read_s3_file(self, bucket: str, key_prefix: str) -> str:
+        return self._s3().get_object(Bucket=bucket, Key=key_prefix)["Body"].read().decode()
+
+    def list_s3_files(self, bucket: str, key_prefix: str) -> list[str]:
+        keys = []
+        for page in self._s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        return keys
+
+    def _prefixed(self, key_prefix: str) -> str:
+        parts = [p.strip("/") for p in (self.default_bucket_prefix, key_prefix) if p and p.strip("/")]
+        return "/".join(parts)
+
+    def output_path(self) -> str:
+        """Where jobs write when the Estimator has no output_path: the default bucket (and prefix)."""
+        prefix = (self.default_bucket_prefix or "").strip("/")
+        base = f"s3://{self.default_bucket()}"
+        return join(base, prefix) if prefix else base
+
+
+class LocalSession(Session):
+    """SageMaker's `LocalSession` (local mode): jobs and data on this machine. `config` is accepted
+    (`{"local": {"local_code": True}}`: code is always read from this machine here)."""
+
+    local = True
+
+    def __init__(self, boto_session=None, default_bucket: str | None = None, s3_endpoint_url: str | None = None,
+                 disable_local_code: bool = False, sagemaker_config: dict | None = None,
+                 default_bucket_prefix: str | None = None, **_ignored):
+        super().__init__(boto_session=None, default_bucket=default_bucket, default_bucket_prefix=default_bucket_prefix)
+        self.s3_endpoint_url = s3_endpoint_url
+
+
+def get_execution_role(sagemaker_session=None, use_default: bool = False) -> str:
+    """The IAM role jobs run with: `TRAINYARD_ROLE_ARN` if set; otherwise, with real AWS credentials, the
+    caller's role (an assumed-role identity's role ARN); otherwise a local placeholder ARN (local jobs
+    record it and need no role)."""
+    role = os.environ.get("TRAINYARD_ROLE_ARN")
+    if role:
+        return role
+    boto_session = getattr(sagemaker_session, "boto_session", None)
+    if boto_session is None:
+        return LOCAL_ROLE
+    arn = boto_session.client("sts").get_caller_identity()["Arn"]
+    if ":assumed-role/" in arn:  # arn:aws:sts::ACCOUNT:assumed-role/NAME/SESSION -> the role's ARN
+        account = arn.split(":")[4]
+        return f"arn:aws:iam::{account}:role/{arn.split('/')[1]}"
+    if ":role/" in arn:
+        return arn
+    raise ValueError(f"the caller {arn} is not a role; pass role='arn:aws:iam::...:role/NAME' to the Estimator "
+                     "or set TRAINYARD_ROLE_ARN")
+
+
+def default_output_path(session: Session | None, *, local: bool) -> str:
+    """output_path when the Estimator has none: the session's default bucket (and prefix); for local jobs
+    without a session of the embedded store, the embedded store's default bucket."""
+    if local:
+        return session.output_path() if session is not None and session.embedded else f"s3://{DEFAULT_BUCKET}"
+    if session is not None and not session.embedded:
+        return session.output_path()
+    raise ConfigError("output_path", "required for EC2 instance types: an s3:// prefix (or pass "
+                                     "sagemaker_session=trainyard.Session(boto_session=...) for its default bucket)")
+
+
+__all__ = ["LocalSession", "Session", "default_output_path", "get_execution_role"]

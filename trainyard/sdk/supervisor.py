@@ -1,0 +1,325 @@
+"""The supervisor of one local job: prepares the hosts, runs one driver per host, ends them all.
+
+    python -m trainyard.sdk.supervisor <job folder>
+
+Started detached by `LocalBackend.launch`, so a job outlives the `fit()` that started it (`wait=False`,
+`Estimator.attach`). It is a child subreaper: workers that torchrun starts in their own sessions, and any
+process they leave behind, end up as its descendants, and every one of them is killed when the job ends
+(success, failure, `stop()`, `max_run`). No orphan survives.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from trainyard.container import hostnames
+from trainyard.container.contract import render_contract, write_contract
+from trainyard.container.failure import RankFailure, root_cause
+from trainyard.container.staging import list_channel, stage_channel
+from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
+from trainyard.job.spec import JobSpec
+
+POLL_S = 0.1
+FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
+STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: time for torchrun to stop its workers and algo-1 to upload
+STORE_PING_S = 60.0  # keeps the embedded store from idling out while the job runs
+PR_SET_CHILD_SUBREAPER = 36  # prctl option, <linux/prctl.h>
+MOUNT_POINT = "/opt/ml"
+
+
+def _log(msg: str) -> None:
+    print(f"[trainyard] {msg}", flush=True)
+
+
+def set_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def signal_all(pids, sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def private_opt_ml_works(probe_dir: str) -> bool:
+    """Root with working private mount namespaces: each host can see its own root at /opt/ml."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        os.makedirs(MOUNT_POINT, exist_ok=True)
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                            f'mount --bind "$0" {MOUNT_POINT}', probe_dir], capture_output=True, timeout=10)
+        return r.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class Supervisor:
+    def __init__(self, jobdir: str):
+        # handlers first: a stop() that comes while we start must stop the job, not kill us mid-way
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, self._on_signal)
+        self.jobdir = jobdir
+        self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
+        self.runtime = read_json(f"{jobdir}/runtime.json")
+        os.environ.update(self.runtime.get("env", {}))  # staging and drivers use the job's endpoint
+        self.status = Status(f"{jobdir}/status.json")
+        self.stop_reason: str | None = None  # "Stopped" or "MaxRuntimeExceeded"
+        self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
+        self.exits: dict[str, int] = {}  # host -> exit status
+        self.plan = None  # the emulated network's names and addresses, when the job has one
+        self.relay = None
+        self.driver_env: dict[str, str] = {}
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.stop_reason = self.stop_reason or "Stopped"
+
+    def stop_requested(self) -> bool:
+        if os.path.exists(f"{self.jobdir}/stop-requested"):
+            self.stop_reason = self.stop_reason or "Stopped"
+        return self.stop_reason is not None
+
+    # -- preparation ------------------------------------------------------------------------------
+    def network_up(self) -> None:
+        """With `emulated_network`: namespaces, shaped links, and a relay to the object store."""
+        from urllib.parse import urlparse
+
+        from trainyard.sdk import netem
+
+        net = self.spec.emulated_network
+        self.plan = netem.Plan.for_job(self.spec.job_name, self.spec.instance_count, netem.taken_nets())
+        for warning in netem.up(self.plan, net.bandwidth_mbit, net.delay_ms):
+            _log(f"warning: {warning}")
+        _log(f"emulated network: hosts at {self.plan.host_addr(0)}..{self.plan.host_addr(self.spec.instance_count - 1)}, "
+             f"links shaped to {net.bandwidth_mbit} Mbit/s")
+        endpoint = urlparse(os.environ.get("AWS_ENDPOINT_URL") or "")
+        if endpoint.hostname in ("127.0.0.1", "localhost"):  # loopback is not reachable from the hosts
+            self.relay = netem.Relay(self.plan.gateway_addr, (endpoint.hostname, endpoint.port))
+            host, port = self.relay.address
+            self.driver_env["AWS_ENDPOINT_URL"] = f"http://{host}:{port}"
+        # gloo picks its address by the host name, which resolves to loopback: name the interface
+        self.driver_env["GLOO_SOCKET_IFNAME"] = "eth0"
+
+    def network_down(self) -> None:
+        from trainyard.sdk import netem
+
+        if self.relay is not None:
+            self.relay.close()
+        if self.plan is not None:
+            netem.down(self.plan)
+            left = netem.leftovers(self.plan.tag)
+            if left:
+                _log(f"warning: could not remove {left}")
+
+    def prepare_hosts(self, private: bool) -> None:
+        spec = self.spec
+        for i, host in enumerate(spec.hosts):
+            hostdir = f"{self.jobdir}/hosts/{host}"
+            contract = render_contract(
+                spec, i, root=MOUNT_POINT if private else hostdir,
+                master_addr=self.plan.host_addr(0) if self.plan else "127.0.0.1",
+                master_port=self.runtime["master_port"], network_interface="eth0" if self.plan else "lo",
+                num_cpus=os.cpu_count(),
+            )
+            write_contract(contract, hostdir)
+
+    def stage_channels(self) -> None:
+        """Each host's share of each channel into its folder (trainyard/container/staging.py, as on EC2);
+        a stop request ends it between two files."""
+        spec = self.spec
+
+        def stop() -> str | None:
+            return self.stop_reason if self.stop_requested() else None
+
+        try:
+            for ch in spec.channels:
+                files = None if ch.uri.startswith("fsx://") else list_channel(ch.name, ch.uri)  # once for all hosts
+                for i, host in enumerate(spec.hosts):
+                    stage_channel(ch.name, ch.uri, f"{self.jobdir}/hosts/{host}/input/data/{ch.name}",
+                                  distribution=ch.distribution, host_index=i, host_count=spec.instance_count,
+                                  files=files, stop=stop, say=lambda msg, host=host: _log(f"{host}: {msg}"))
+        except InterruptedError:
+            return  # run() sees the stop request
+
+    # -- running ----------------------------------------------------------------------------------
+    def start_drivers(self, private: bool) -> None:
+        """One driver per host. Each starts through the host-names launcher (trainyard/container/hostnames.py):
+        `algo-1`..`algo-N` resolve on every host, to loopback or, with the emulated network, to the hosts'
+        addresses; the launcher's first line in the host's log says how."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.driver_env}
+        addrs = [self.plan.host_addr(i) if self.plan else "127.0.0.1" for i in range(self.spec.instance_count)]
+        hosts_file, shim_dir = hostnames.prepare(dict(zip(self.spec.hosts, addrs)), f"{self.jobdir}/hostnames")
+        for i, host in enumerate(self.spec.hosts):
+            hostdir = f"{self.jobdir}/hosts/{host}"
+            driver = [*hostnames.launcher_command(host, hosts_file, shim_dir),
+                      sys.executable, "-m", "trainyard.container.driver",
+                      "--log-dir", f"{self.jobdir}/torchrun/{host}",
+                      "--status-file", f"{self.jobdir}/hosts/{host}.status.json"]
+            if private:
+                cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                       f'mount --bind "$0" {MOUNT_POINT} && exec "$@"', hostdir, *driver, "--root", MOUNT_POINT]
+            else:
+                cmd = [*driver, "--root", hostdir]
+            if self.plan is not None:
+                from trainyard.sdk.netem import in_host
+
+                cmd = in_host(self.plan, i, cmd)
+            log = open(f"{self.jobdir}/logs/{host}.log", "ab")
+            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=hostdir)
+            log.close()
+            self.drivers[p.pid] = p
+
+    def reap(self) -> None:
+        """Collect exited children: drivers (by pid) and orphans reparented to us."""
+        while True:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            p = self.drivers.get(pid)
+            if p is not None:
+                p.returncode = os.waitstatus_to_exitcode(st)
+                self.exits[self.spec.hosts[list(self.drivers).index(pid)]] = p.returncode
+
+    def running(self) -> bool:
+        return len(self.exits) < len(self.drivers)
+
+    def terminate(self) -> None:
+        """SIGTERM the drivers (torchrun stops its workers; algo-1 uploads), then SIGKILL what is left."""
+        signal_all([p for p, d in self.drivers.items() if d.returncode is None], signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.running() and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(POLL_S)
+        self.kill_everything()
+
+    def kill_everything(self) -> None:
+        for _ in range(5):  # processes may fork while we kill: repeat until none is left
+            left = descendants(os.getpid())
+            if not left:
+                break
+            signal_all(left, signal.SIGKILL)
+            time.sleep(0.05)
+            self.reap()
+        self.reap()
+
+    def monitor(self) -> str:
+        """Wait for the drivers. Returns 'Completed', 'Failed' or the stop reason."""
+        deadline = time.monotonic() + self.spec.max_run
+        next_ping = time.monotonic() + STORE_PING_S
+        while True:
+            self.reap()
+            if not self.running():
+                return "Completed" if all(c == 0 for c in self.exits.values()) else "Failed"
+            if any(c != 0 for c in self.exits.values()) and not self.stop_requested():
+                settle = time.monotonic() + FAILURE_SETTLE_S  # let the others report their own end
+                while self.running() and time.monotonic() < settle:
+                    self.reap()
+                    time.sleep(POLL_S)
+                self.terminate()
+                return "Failed"
+            if time.monotonic() > deadline:
+                self.stop_reason = "MaxRuntimeExceeded"
+            if self.stop_requested():
+                _log(f"stopping the job ({self.stop_reason})")
+                self.terminate()
+                return self.stop_reason
+            if time.monotonic() > next_ping and self.runtime.get("embedded_store"):
+                from trainyard.sdk.store import healthy
+
+                healthy(self.runtime["env"]["AWS_ENDPOINT_URL"])
+                next_ping = time.monotonic() + STORE_PING_S
+            time.sleep(POLL_S)
+
+    def failure_reason(self) -> str:
+        """The root cause among the hosts that failed on their own."""
+        failures: list[RankFailure] = []
+        reasons: dict[str, str] = {}
+        for host, code in self.exits.items():
+            if code == 0 or code == 128 + signal.SIGTERM:
+                continue
+            path = f"{self.jobdir}/hosts/{host}.status.json"
+            st = read_json(path) if os.path.exists(path) else {}
+            reasons[host] = st.get("reason") or f"{host}: the driver exited with status {code} and no report"
+            f = st.get("failure")
+            failures.append(RankFailure(**f) if f else RankFailure(
+                host=host, rank=-1, local_rank=-1, exitcode=code, signal="", time=st.get("finished", time.time()),
+                last_lines=reasons[host]))
+        if not failures:
+            return "the job failed without a report from any host"
+        return reasons[root_cause(failures).host]
+
+    def run(self) -> int:
+        set_subreaper()
+        write_json(f"{self.jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
+        spec, st = self.spec, self.status
+        outcome, reason = "Failed", ""
+        try:
+            st.transition("Downloading", "Preparing the hosts and downloading input data")
+            private = self.runtime.get("private_opt_ml", True) and private_opt_ml_works(self.jobdir)
+            st.update(PrivateOptMl=private)
+            if spec.emulated_network is not None:
+                self.network_up()
+            self.prepare_hosts(private)
+            self.stage_channels()
+            if self.stop_requested():
+                outcome = self.stop_reason
+            else:
+                st.transition("Training", f"Training on {spec.instance_count} host(s) x {spec.processes_per_host} "
+                                          f"process(es); /opt/ml is {'private per host' if private else 'the host folder'}")
+                self.start_drivers(private)
+                outcome = self.monitor()
+                if outcome == "Failed":
+                    reason = self.failure_reason()
+        except Exception as e:
+            outcome, reason = "Failed", f"{type(e).__name__}: {e}"
+        finally:
+            self.kill_everything()
+            try:
+                self.network_down()
+            except Exception as e:  # never lose the job's final status over a cleanup error
+                _log(f"warning: removing the emulated network failed: {e}")
+        artifacts = os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json")
+        record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    jobdir = argv[0]
+    _log(f"supervisor pid {os.getpid()} for {jobdir}")
+    return Supervisor(jobdir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
