@@ -1,6 +1,6 @@
 """`make demo`: a real local job on the embedded defaults.
 
-The built-in trainer trains the ~10M-parameter Llama-style model on 2 emulated hosts x 2 processes
+The built-in trainer trains the ~10M-parameter Llama-style model on 2 emulated hosts x 1 process each
 (FSDP2 over gloo), checkpoints to s3:// on the embedded object store, and uploads model.tar.gz.
 """
 import time
@@ -21,7 +21,7 @@ est = Estimator(
     checkpoint_s3_uri=checkpoints,
     max_run=900,
 )
-print(f"Trainyard demo: job {job_name}, {STEPS} steps on 2 local hosts x {est.processes_per_host} processes\n",
+print(f"Trainyard demo: job {job_name}, {STEPS} steps on 2 local hosts x {est.processes_per_host} process(es)\n",
       flush=True)
 start = time.monotonic()
 est.fit(job_name=job_name)

@@ -1,4 +1,4 @@
 """SageMaker's `sagemaker.inputs` import path."""
-from trainyard.sdk.inputs import TrainingInput, FileSystemInput
+from trainyard.sdk.inputs import FileSystemInput, ShuffleConfig, TrainingInput
 
-__all__ = ["TrainingInput", "FileSystemInput"]
+__all__ = ["FileSystemInput", "ShuffleConfig", "TrainingInput"]

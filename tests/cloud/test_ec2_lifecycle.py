@@ -65,7 +65,9 @@ class Instances:
             env = {**os.environ, "TRAINYARD_IMDS_ENDPOINT": imds.url, "TRAINYARD_MASTER_ADDR": "127.0.0.1",
                    "TRAINYARD_MASTER_PORT": str(port), "TRAINYARD_SPOT_POLL_S": "0.5", "OMP_NUM_THREADS": "1"}
             with open(f"{root}.log", "w") as log:
-                self.agents.append(subprocess.Popen([sys.executable, *command[1:], "--root", root], env=env,
+                # the algo-N names go to a hosts file of the instance's own, not to this machine's /etc/hosts
+                self.agents.append(subprocess.Popen([sys.executable, *command[1:], "--root", root,
+                                                     "--hosts-file", f"{root}.hosts"], env=env,
                                                     stdout=log, stderr=subprocess.STDOUT))
 
     def interrupt(self) -> None:

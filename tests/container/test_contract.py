@@ -68,11 +68,9 @@ def test_environment_variables():
         "hosts": ["algo-1", "algo-2", "algo-3"]}}
     assert env["SM_CURRENT_INSTANCE_GROUP"] == "homogeneousCluster"
     assert json.loads(env["SM_CURRENT_INSTANCE_GROUP_HOSTS"]) == ["algo-1", "algo-2", "algo-3"]
-    assert json.loads(env["SM_DISTRIBUTION_INSTANCE_GROUPS"]) == ["homogeneousCluster"]
+    assert json.loads(env["SM_DISTRIBUTION_INSTANCE_GROUPS"]) == []  # no distribution: none takes part
     assert env["SM_IS_HETERO"] == "false" and env["SM_LOG_LEVEL"] == "20"
-    assert json.loads(env["SM_FRAMEWORK_PARAMS"]) == {
-        "sagemaker_program": "train.py", "sagemaker_submit_directory": "s3://bkt/code/sourcedir.tar.gz",
-        "sagemaker_container_log_level": 20, "sagemaker_job_name": "job-1"}
+    assert json.loads(env["SM_FRAMEWORK_PARAMS"]) == {}
     assert env["SM_FRAMEWORK_MODULE"]
     assert env["SM_MODEL_DIR"] == "/opt/ml/model"
     assert env["SM_INPUT_DIR"] == "/opt/ml/input"
@@ -138,8 +136,9 @@ def test_framework_params_say_the_launcher():
     assert params["sagemaker_mpi_enabled"] is True and params["sagemaker_mpi_num_of_processes_per_host"] == 8
     assert params["sagemaker_mpi_custom_mpi_options"] == "-x NCCL_DEBUG=INFO"
     td = {"torch_distributed": {"enabled": True}}
-    assert json.loads(render_contract(_spec(distribution=td), 0).env["SM_FRAMEWORK_PARAMS"])[
-        "sagemaker_torch_distributed_enabled"] is True
+    env = render_contract(_spec(distribution=td), 0).env
+    assert json.loads(env["SM_FRAMEWORK_PARAMS"]) == {"sagemaker_torch_distributed_enabled": True}
+    assert json.loads(env["SM_DISTRIBUTION_INSTANCE_GROUPS"]) == ["homogeneousCluster"]
 
 
 def test_local_instance_and_module_entry():

@@ -7,6 +7,7 @@ import site
 import subprocess
 import sys
 import venv
+import zipfile
 
 import pytest
 
@@ -166,8 +167,6 @@ def test_another_version_of_an_installed_package_goes_to_the_overlay_and_the_env
         for d in site.getsitepackages():
             fh.write(f"import site; site.addsitedir({d!r})\n")
         fh.write(os.path.dirname(os.path.dirname(trainyard.__file__)) + "\n")
-    import zipfile
-
     with zipfile.ZipFile(make_wheel(str(tmp_path / "w"), version="0.1")) as z:
         z.extractall(env_site)  # tinypkg 0.1 installed in that environment
     code = _code(tmp_path, ["./wheels/tinypkg-0.2-py3-none-any.whl"], version="0.2")

@@ -10,7 +10,8 @@ def make_wheel(folder: str, name: str = "tinypkg", version: str = "0.1", extra: 
     'hello from <name> <version>'. `extra` is appended to the module (to change the bytes, not the name)."""
     dist = f"{name}-{version}.dist-info"
     files = {
-        f"{name}/__init__.py": f"VERSION = {version!r}\n\ndef main():\n    print('hello from', __name__, VERSION)\n{extra}",
+        f"{name}/__init__.py":
+            f"VERSION = {version!r}\n\ndef main():\n    print('hello from', __name__, VERSION)\n{extra}",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: trainyard-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
         f"{dist}/entry_points.txt": f"[console_scripts]\n{name}-cli = {name}:main\n",
@@ -24,6 +25,6 @@ def make_wheel(folder: str, name: str = "tinypkg", version: str = "0.1", extra: 
     os.makedirs(folder, exist_ok=True)
     whl = os.path.join(folder, f"{name}-{version}-py3-none-any.whl")
     with zipfile.ZipFile(whl, "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
+        for path, text in files.items():  # a fixed date: the same arguments give the same bytes
+            z.writestr(zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0)), text)
     return whl

@@ -60,6 +60,8 @@ _FUNCTIONS = {
     "merge": lambda *maps: {k: v for m in maps for k, v in m.items()},
     "tostring": lambda v: v if isinstance(v, str) else json.dumps(v),
     "length": len,
+    "tonumber": lambda v: v if isinstance(v, (int, float)) else (float(v) if "." in v else int(v)),
+    "lookup": lambda m, key, default: m.get(key, default),
 }
 _OPERATORS = {
     "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b, ">": lambda a, b: a > b,
@@ -109,6 +111,8 @@ def _eval(node: Tree, scope: dict) -> Any:  # noqa: C901 - one case per node typ
         if name not in _FUNCTIONS:
             raise NotImplementedError(f"function {name}")
         args = [_eval(a, scope) for a in _trees(kids[1])] if len(kids) > 1 else []
+        if len(kids) > 1 and any(isinstance(c, Token) and str(c) == "..." for c in kids[1].children):
+            args = args[:-1] + list(args[-1])  # f(a, list...): the last argument expanded
         return _FUNCTIONS[name](*args)
     if kind == "conditional":
         return _eval(kids[1], scope) if _eval(kids[0], scope) else _eval(kids[2], scope)

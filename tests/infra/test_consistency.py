@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from trainyard.container import node
+from trainyard.container import node, peers
 from trainyard.job import catalog
 from trainyard.job import facts
+from trainyard.job.spec import JobSpec
 from trainyard.sdk.aws import provision
 
 from . import hcl
@@ -144,16 +145,47 @@ def test_metadata_options_are_the_facts():
     assert _imds(instance_options) == facts.IMDS_OPTIONS
 
 
+# DescribeImages images: the Deep Learning AMI's shape, moto's (root on /dev/sda1), one without a snapshot size
+IMAGES = [
+    {"RootDeviceName": "/dev/xvda", "BlockDeviceMappings": [
+        {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 75, "VolumeType": "gp3", "SnapshotId": "snap-1"}},
+        {"DeviceName": "/dev/sdb", "VirtualName": "ephemeral0"}]},
+    {"RootDeviceName": "/dev/sda1", "BlockDeviceMappings": [
+        {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 15, "SnapshotId": "snap-2"}},
+        {"DeviceName": "/dev/sdf", "Ebs": {"VolumeSize": 500}}]},
+    {"RootDeviceName": "/dev/xvda", "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {}}]},
+]
+
+
+def _aws_ami(image: dict) -> dict:
+    """An image as Terraform's data "aws_ami" holds it: snake_case, `ebs` a map of strings."""
+    return {"root_device_name": image["RootDeviceName"], "block_device_mappings": [
+        {"device_name": m["DeviceName"], "ebs": {k.lower().replace("volumesize", "volume_size"): str(v)
+                                                 for k, v in m.get("Ebs", {}).items()}}
+        for m in image["BlockDeviceMappings"]]}
+
+
 def test_launch_template_is_the_ec2_backends():
     template = CLUSTER["resource"][("aws_launch_template", "this")]
     assert CLUSTER["variable"]["ami_ssm_parameter"]["default"] == provision.AMI_PARAMETER
-    assert CLUSTER["variable"]["root_volume_size_gib"]["default"] == provision.ROOT_VOLUME_GIB
+    # the root volume: JobSpec.volume_size's default, on the AMI's root device, never below its snapshot
+    assert CLUSTER["variable"]["root_volume_size_gib"]["default"] == JobSpec.model_fields["volume_size"].default
+    assert template["image_id"] == "${local.ami_id}"
+    assert CLUSTER["data"][("aws_ami", "this")]["filter"] == [{"name": "image-id", "values": ["${local.ami_id}"]}]
     assert template["instance_initiated_shutdown_behavior"] == "terminate"
     (mapping,) = template["block_device_mappings"]
     (ebs,) = mapping["ebs"]
-    assert mapping["device_name"] == "/dev/xvda"
-    assert ebs == {"volume_size": "${var.root_volume_size_gib}", "volume_type": "gp3", "encrypted": True,
+    assert mapping["device_name"] == "${data.aws_ami.this.root_device_name}"
+    assert ebs == {"volume_size": "${local.root_volume_gib}", "volume_type": "gp3", "encrypted": True,
                    "delete_on_termination": True}
+    for image in IMAGES:
+        device, snapshot = provision.image_root(image)
+        assert device == image["RootDeviceName"]
+        for size in (8, 30, 200):
+            scope = {"var": {"root_volume_size_gib": size}, "data": {"aws_ami": {"this": _aws_ami(image)}}}
+            got = hcl.evaluate(hcl.expression(CLUSTER["locals"]["root_volume_gib"]), scope)
+            assert got == provision.root_volume_gib(size, snapshot), (image, size)
+    assert [provision.root_volume_gib(30, provision.image_root(i)[1]) for i in IMAGES] == [75, 30, 30]
     assert template["placement"] == [{"group_name": "${aws_placement_group.this.name}"}]
     assert CLUSTER["resource"][("aws_placement_group", "this")]["strategy"] == "cluster"
     subnet = CLUSTER["resource"][("aws_subnet", "private")]
@@ -173,7 +205,7 @@ def test_job_tags_are_what_the_node_agent_looks_for():
         assert tags[facts.TAG_KEY] == "my-job" and tags[provision.ATTEMPT_TAG] == "1"
         record = {"InstanceId": f"i-{index}", "AmiLaunchIndex": 0,  # one RunInstances per aws_instance
                   "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
-        hosts.append(node.host_name(node.host_index(record)))
+        hosts.append(peers.host_name(peers.host_index(record)))
     assert hosts == ["algo-1", "algo-2", "algo-3", "algo-4"]
     volume_tags = hcl.evaluate(hcl.expression(instance["volume_tags"]),
                                {"local": {"job_tags": job_tags}, "count": {"index": 0}, "var": scope["var"]})

@@ -8,12 +8,11 @@ import subprocess
 
 import pytest
 
-from trainyard import Estimator
 from trainyard.sdk.aws.userdata import render_user_data
 from trainyard.job.errors import ConfigError
 from trainyard.sdk.inputs import FileSystemInput, TrainingInput
-from trainyard.job.spec import JobSpec
-from trainyard.sdk.terraform import CLUSTER_FSX, TEMPLATE
+from trainyard.job.spec import JobSpec, build_spec
+from trainyard.sdk.terraform import CLUSTER_FSX, TEMPLATE, render_root_module
 
 from . import hcl
 
@@ -23,7 +22,13 @@ HYPERPARAMETERS = {"steps": 10, "global_batch_size": 64, "micro_batch_size": 1, 
 FSX_NAMES = {"dns_name": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mount_name": "abcdefgh"}
 
 
-def _p5(**kw) -> Estimator:
+def Estimator(**kw):
+    from trainyard import Estimator as cls  # here: the tests that render a JobSpec directly need no Estimator
+
+    return cls(**kw)
+
+
+def _p5(**kw):
     args = dict(entry_point="trainyard.engine.train", instance_type="ml.p5.48xlarge", instance_count=4,
                 image_uri=IMAGE, role=ROLE, output_path="s3://my-bucket/jobs", checkpoint_s3_uri="s3://my-ckpt/run-1",
                 hyperparameters=HYPERPARAMETERS)
@@ -171,8 +176,8 @@ def test_script_with_cluster_fsx_channel(tmp_path):
                     image_uri=IMAGE, output_path="s3://my-bucket/jobs", hyperparameters=hps, use_spot_instances=True,
                     max_wait=172800)
     path = str(tmp_path / "job")
-    files = est.to_terraform(path, {"train": FileSystemInput(CLUSTER_FSX, "/data/tokens")}, job_name="fsx-job",
-                             region="us-west-2", data_s3_uri="s3://my-data/corpus")
+    files = est.to_terraform(path, {"train": FileSystemInput(CLUSTER_FSX, directory_path="/data/tokens")},
+                             job_name="fsx-job", region="us-west-2", data_s3_uri="s3://my-data/corpus")
     names = {os.path.relpath(f, path) for f in files}
     assert "sourcedir.tar.gz" in names
     with open(os.path.join(path, "spec.json")) as fh:
@@ -226,8 +231,8 @@ def test_existing_cluster_outputs(tmp_path):
                "fsx_dns_name": {"value": FSX_NAMES["dns_name"]}, "fsx_mount_name": {"value": "abcdefgh"},
                "region": {"value": "ap-northeast-1"}}
     path = str(tmp_path / "job")
-    _p5(instance_count=2).to_terraform(path, {"train": FileSystemInput("fs-0123456789abcdef0", "/data/tokens")},
-                                       job_name="in-cluster", cluster=outputs)
+    channel = FileSystemInput("fs-0123456789abcdef0", directory_path="/data/tokens")
+    _p5(instance_count=2).to_terraform(path, {"train": channel}, job_name="in-cluster", cluster=outputs)
     main = hcl.load(os.path.join(path, "main.tf"))
     modules = {k: v for m in main["module"] for k, v in m.items()}
     assert set(modules) == {"job"}
@@ -241,8 +246,9 @@ def test_existing_cluster_outputs(tmp_path):
 
 def test_other_file_systems_come_from_a_variable(tmp_path):
     path = str(tmp_path / "job")
-    _p5().to_terraform(path, {"train": FileSystemInput("fs-0fedcba9876543210", "/x")}, job_name="ext-fsx",
-                       region="us-east-1", fsx_mounts=[{"file_system_id": "fs-0fedcba9876543210", **FSX_NAMES}])
+    _p5().to_terraform(path, {"train": FileSystemInput("fs-0fedcba9876543210", directory_path="/x")},
+                       job_name="ext-fsx", region="us-east-1",
+                       fsx_mounts=[{"file_system_id": "fs-0fedcba9876543210", **FSX_NAMES}])
     local = _values(hcl.load(os.path.join(path, "main.tf"))["locals"][0])
     assert local["fsx"] == ['${var.fsx_file_systems["fs-0fedcba9876543210"]}']
     tfvars = _values(hcl.load(os.path.join(path, "terraform.tfvars")))
@@ -253,7 +259,8 @@ def test_render_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="instance_type"):
         Estimator(entry_point="trainyard.engine.train", hyperparameters={"steps": 1}).to_terraform(str(tmp_path))
     with pytest.raises(ConfigError, match="data_s3_uri"):
-        _p5().to_terraform(str(tmp_path), {"t": FileSystemInput(CLUSTER_FSX, "/data")}, region="us-east-1")
+        _p5().to_terraform(str(tmp_path), {"t": FileSystemInput(CLUSTER_FSX, directory_path="/data")},
+                           region="us-east-1")
     with pytest.raises(ConfigError, match="4 EFA interface"):
         _p5().to_terraform(str(tmp_path), region="us-east-1",
                            cluster={"launch_template_id": "lt-0123456789abcdef0", "efa_interfaces": 4})
@@ -290,3 +297,55 @@ def test_render_command(tmp_path, capsys):
     assert local["fsx"][1] == '${var.fsx_file_systems["fs-0fedcba9876543210"]}'
     assert main(["render", "terraform", str(est), out, "--fsx-mount", "nonsense"]) == 2
     assert "fsx_mount" in capsys.readouterr().err
+
+
+def _spec(**kw) -> JobSpec:
+    fields = dict(job_name="tagged-job", entry_point="trainyard.engine.train", entry_kind="module",
+                  instance_type="p4d.24xlarge", instance_count=2, processes_per_host=8, image_uri=IMAGE, role=ROLE,
+                  output_path="s3://my-bucket/jobs")
+    return build_spec(**{**fields, **kw})
+
+
+def test_tags_and_volume_size_reach_both_modules(tmp_path):
+    tags = {"team": "ml", "cost center": "42 ${x}"}  # a literal, never an interpolation
+    path = str(tmp_path / "job")
+    render_root_module(_spec(tags=tags, volume_size=250), path, region="us-east-1", availability_zone_id="use1-az6")
+    main = hcl.load(os.path.join(path, "main.tf"))
+    local = _values(main["locals"][0])
+    assert local["tags"] == tags and local["volume_size"] == 250
+    modules = {k: v for m in main["module"] for k, v in m.items()}
+    assert modules["cluster"]["tags"] == modules["job"]["tags"] == "${local.tags}"
+    assert modules["cluster"]["root_volume_size_gib"] == "${local.volume_size}"
+    # what the modules do with them: every cluster resource and the job's instances carry the tags
+    cluster = hcl.load_module(os.path.join(path, "modules", "cluster"))
+    cluster_tags = hcl.evaluate(hcl.expression(cluster["locals"]["tags"]), {"var": {"tags": tags, "name": "c"}})
+    assert tags.items() <= cluster_tags.items() and cluster_tags["trainyard:cluster"] == "c"
+    job = hcl.load_module(os.path.join(path, "modules", "job"))
+    job_tags = hcl.evaluate(hcl.expression(job["locals"]["job_tags"]),
+                            {"var": {"tags": tags, "job_name": "tagged-job"}, "local": {"attempt": 1}})
+    assert tags.items() <= job_tags.items() and job_tags["trainyard:job"] == "tagged-job"
+    if hcl.terraform():  # terraform reads the local back as the same map, and the module stays formatted
+        probe = tmp_path / "probe"
+        probe.mkdir()
+        (probe / "main.tf").write_text(f'output "tags" {{\n  value = {_hcl_of(path, "tags")}\n}}\n')
+        assert hcl.terraform_outputs(str(probe))["tags"] == tags
+        r = subprocess.run([hcl.terraform(), "fmt", "-check", "-recursive", path], env=hcl.terraform_env(str(tmp_path)),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout
+    # no tags: an empty map, and the modules' own tags only
+    render_root_module(_spec(), path, region="us-east-1")
+    assert _values(hcl.load(os.path.join(path, "main.tf"))["locals"][0])["tags"] == {}
+
+
+def test_security_groups_are_refused_and_an_existing_cluster_keeps_its_volume(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        render_root_module(_spec(security_group_ids=["sg-0123456789abcdef0"]), str(tmp_path / "a"), region="us-east-1")
+    assert e.value.field == "security_group_ids" and not os.path.exists(tmp_path / "a")
+    path = str(tmp_path / "b")
+    render_root_module(_spec(tags={"team": "ml"}, volume_size=250), path, region="us-east-1",
+                       cluster={"launch_template_id": "lt-0123456789abcdef0", "efa_interfaces": 4})
+    main = hcl.load(os.path.join(path, "main.tf"))
+    modules = {k: v for m in main["module"] for k, v in m.items()}
+    assert set(modules) == {"job"} and modules["job"]["tags"] == "${local.tags}"
+    with open(os.path.join(path, "main.tf")) as fh:
+        assert "whose root volume size it keeps" in fh.read().replace("\n# ", " ")

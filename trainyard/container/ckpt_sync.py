@@ -21,6 +21,9 @@ import os
 import threading
 from collections.abc import Callable
 
+from trainyard.job import storage
+from trainyard.job.uris import join
+
 # Seconds between scans of the local folder (SageMaker syncs continuously; a few seconds is enough for
 # checkpoints written every minutes and cheap to list).
 DEFAULT_INTERVAL_S = 10.0
@@ -42,8 +45,6 @@ class CheckpointSync:
     def restore(self) -> int:
         """Copy the objects under the URI into the local folder (they count as uploaded); returns the
         number of files."""
-        from trainyard.job import storage
-
         files = storage.list_files(self.uri)
         storage.download_tree(self.uri, self.local_dir, files)
         self.uploaded = self._scan()
@@ -72,9 +73,6 @@ class CheckpointSync:
 
     def sync(self, *, final: bool) -> int:
         """Upload what is new or changed (and, unless final, unchanged since the last scan)."""
-        from trainyard.job import storage
-        from trainyard.job.uris import join
-
         current = self._scan()
         count = 0
         for rel, stamp in sorted(current.items()):

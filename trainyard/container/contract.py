@@ -69,13 +69,9 @@ def user_args(hyperparameters: dict[str, Any]) -> list[str]:
 
 def framework_params(spec: "JobSpec") -> dict[str, Any]:
     """`additional_framework_parameters` (SM_FRAMEWORK_PARAMS): the `sagemaker_*` hyperparameters the
-    SageMaker SDK adds for its containers, derived from the spec."""
-    params: dict[str, Any] = {
-        "sagemaker_program": spec.entry_point,
-        "sagemaker_submit_directory": spec.code_uri or "",
-        "sagemaker_container_log_level": spec.container_log_level,
-        "sagemaker_job_name": spec.job_name,
-    }
+    SageMaker SDK adds for the launcher, derived from the spec. The toolkit keeps out the ones it reads
+    itself (program, submit directory, log level, job name, region), and so does this."""
+    params: dict[str, Any] = {}
     d = spec.distribution
     if (d.get("torch_distributed") or {}).get("enabled"):
         params["sagemaker_torch_distributed_enabled"] = True
@@ -159,7 +155,7 @@ def render_contract(
         "current_instance_group": GROUP_NAME,
         "current_instance_group_hosts": hosts,
         "distribution_hosts": hosts,
-        "distribution_instance_groups": [GROUP_NAME],
+        "distribution_instance_groups": [GROUP_NAME] if spec.distribution else [],
         "framework_module": FRAMEWORK_MODULE,
         "host_count": len(hosts),
         "hosts": hosts,

@@ -35,6 +35,10 @@ import tempfile
 import time
 
 from trainyard.container import efa, requirements
+from trainyard.container.hostnames import RESOLVES_ENV
+from trainyard.job import storage
+from trainyard.job.jsonio import write_json
+from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
 from trainyard.container.contract import JOB_FILE, render_contract, user_args
 from trainyard.container.failure import RankFailure, root_cause, tail
@@ -116,8 +120,6 @@ def run_probe(cmd: list[str], cwd: str, timeout: float = PROBE_TIMEOUT_S) -> int
 
 
 def fetch_code(code_uri: str, code_dir: str) -> None:
-    from trainyard.job import storage
-
     with tempfile.TemporaryDirectory() as tmp:
         archive = os.path.join(tmp, "sourcedir.tar.gz")
         storage.get_file(code_uri, archive)
@@ -162,8 +164,6 @@ def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
 
 def upload_artifacts(spec, root: str) -> list[str]:
     """Tar the model and the output data to `<output_path>/<job>/output/`. Returns the URIs written."""
-    from trainyard.job import storage
-
     prefix = storage.output_prefix(spec.output_path, spec.job_name)
     written = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,9 +187,6 @@ def write_failure(root: str, reason: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainyard.job.jsonio import write_json
-    from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
-
     p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
     p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
     p.add_argument("--log-dir", default=None, help="torchrun's per-rank log files (default: a temporary folder)")
@@ -203,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = JobSpec.model_validate(job["spec"])
     index = job["host_index"]
     host = spec.hosts[index]
-    contract = render_contract(spec, index, root=root, master_addr=job["master_addr"], master_port=job["master_port"],
+    # SageMaker's MASTER_ADDR is the first host's name; where every program of this host resolves it
+    # (container/hostnames.py), torchrun gets the name too, so its ranks see MASTER_ADDR=algo-1
+    master_addr = spec.hosts[0] if os.environ.get(RESOLVES_ENV) == "1" else job["master_addr"]
+    contract = render_contract(spec, index, root=root, master_addr=master_addr, master_port=job["master_port"],
                                network_interface=job["network_interface"], num_cpus=job["num_cpus"])
     os.environ.update(contract.env)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 port = probe_port(job["master_port"], os.environ)
                 probe_cmd = build_torchrun_command(
                     nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
-                    master_addr=job["master_addr"], master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
+                    master_addr=master_addr, master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
                     args=[], log_dir=os.path.join(log_dir, "probe"),
                 )
                 timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                     _say(host, f"bandwidth probe {why}; training starts all the same")
         cmd = build_torchrun_command(
             nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
-            master_addr=job["master_addr"], master_port=job["master_port"], entry_point=spec.entry_point,
+            master_addr=master_addr, master_port=job["master_port"], entry_point=spec.entry_point,
             entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
         )
         _say(host, "launching " + " ".join(cmd[1:]))

@@ -32,6 +32,9 @@ from collections.abc import Mapping
 HOSTS_FILE = "/etc/hosts"
 MARK = "# trainyard"  # ends every line this module adds: the next rendering replaces them
 MODE_ENV = "TRAINYARD_HOST_NAMES"  # "shim": no namespaces, the Python shim only
+# "1" when every program of the host resolves the names (a private /etc/hosts, or EC2's): the driver then
+# gives torchrun `algo-1` as its master address, so scripts see MASTER_ADDR=algo-1 as on SageMaker
+RESOLVES_ENV = "TRAINYARD_HOST_NAMES_RESOLVE"
 SHIM_FILE = "sitecustomize.py"
 
 # <sched.h>, <sys/mount.h>
@@ -246,9 +249,11 @@ def isolate(hosts_file: str, shim_dir: str, environ: dict[str, str]) -> str:
             why = private_hosts_work(hosts_file, user)
             if why is None:
                 enter_private_hosts(hosts_file, user)
+                environ[RESOLVES_ENV] = "1"
                 return f"through a private {HOSTS_FILE} ({what})"
             failures.append(f"{what}: {why}")
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (shim_dir, environ.get("PYTHONPATH")) if p)
+    environ.pop(RESOLVES_ENV, None)
     return (f"through a Python shim ({shim_dir}/{SHIM_FILE} first on PYTHONPATH; programs that are not "
             f"Python do not see them), no private {HOSTS_FILE}: {'; '.join(failures)}")
 

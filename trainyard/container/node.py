@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 
 from trainyard.container.contract import render_contract, write_contract
-from trainyard.container.hostnames import HOSTS_FILE, update_hosts_file
+from trainyard.container.hostnames import HOSTS_FILE, RESOLVES_ENV, update_hosts_file
 from trainyard.container.imds import SPOT_POLL_S, Imds, SpotWatcher
 from trainyard.container.logship import CWL_EVENT_BYTES, LogShipper
 from trainyard.container.peers import PEER_WAIT_S, find_peers, host_name, own_host_index
@@ -293,6 +293,8 @@ class Agent:
             self.say(f"warning: could not add the host names to {self.hosts_file}: {e}")
             return
         self.say(f"host names in {self.hosts_file}: " + ", ".join(f"{n} {a}" for n, a in names.items()))
+        if self.hosts_file == HOSTS_FILE:  # the container's own: every program resolves them
+            os.environ[RESOLVES_ENV] = "1"
 
     def _check_interrupt(self) -> None:
         why = self._interrupted()

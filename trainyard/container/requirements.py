@@ -147,7 +147,7 @@ def overlay_key(code_dir: str) -> str:
         if p in seen:
             continue
         seen.add(p)
-        h.update(f"\0path {os.path.relpath(p, code_dir)}\0".encode())
+        h.update(f"\0path {os.path.relpath(p, os.path.realpath(code_dir))}\0".encode())
         if os.path.isdir(p):
             _hash_tree(h, p)
             continue

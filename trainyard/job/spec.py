@@ -40,7 +40,7 @@ class Channel(BaseModel):
     """FastFile is staged as File: the script sees the same files at the same path."""
     content_type: str | None = None
     compression: Literal["None", "Gzip"] | None = None
-    """Gzip: objects are gunzipped while they are staged."""
+    """Written to inputdataconfig.json; SageMaker uses it in Pipe mode only, so it changes no staged file."""
     record_wrapping: Literal["RecordIO"] | None = None
     s3_data_type: Literal["S3Prefix", "ManifestFile", "AugmentedManifestFile"] = "S3Prefix"
     attribute_names: tuple[str, ...] | None = None
@@ -130,7 +130,8 @@ class JobSpec(BaseModel):
     framework: dict[str, str] = {}
     """What the estimator class says of the image: {"name": "pytorch", "framework_version": ..., "py_version": ...}."""
     inert: tuple[str, ...] = ()
-    """Arguments accepted that have no effect on this backend (reported once, in describe() too)."""
+    """Arguments accepted that have no effect on this backend (named once on stderr when the Estimator is
+    built; `Estimator.inert_arguments`)."""
 
     @field_validator("job_name")
     @classmethod

@@ -26,11 +26,15 @@ import re
 import sys
 from typing import Any
 
+from trainyard.engine.components.export import export_checkpoint
 from trainyard.job.errors import ConfigError, ImageError, JobFailedError
-from trainyard.sdk import terraform
+from trainyard.sdk import image, terraform
+from trainyard.sdk.aws.backend import gc
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.estimator import Estimator
 from trainyard.sdk.inputs import FileSystemInput, TrainingInput
+from trainyard.sdk.jobstate import jobs_root
+from trainyard.sdk.store import ensure_store, stop_store, store_root
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if a.cmd == "jobs":
-            from trainyard.sdk.jobstate import jobs_root
-
             root = jobs_root()
             names = sorted(os.listdir(root), key=lambda n: os.path.getmtime(os.path.join(root, n)), reverse=True) \
                 if os.path.isdir(root) else []
@@ -111,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
             open_job(a.job).stop()
             print(f"{a.job}: {open_job(a.job).status()}")
         elif a.cmd == "store":
-            from trainyard.sdk.store import ensure_store, stop_store, store_root
-
             if a.stop:
                 print("stopped" if stop_store() else "not running")
             else:
@@ -120,8 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{ep.url}\t{'embedded, objects under ' + store_root() if ep.embedded else 'AWS_ENDPOINT_URL'}")
         elif a.cmd == "gc":
             import boto3
-
-            from trainyard.sdk.aws.backend import gc
 
             left = gc(boto3.Session(region_name=a.region), include_running=a.include_running)
             for job, items in left.items():
@@ -132,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
             for path in render_terraform(a):
                 print(path)
         elif a.cmd == "image":
-            from trainyard.sdk import image
-
             if a.image_cmd == "build":
                 print(image.build(a.context, a.repository))
             else:
@@ -142,12 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(image.publish(a.context, a.repository, registry_uri=a.registry,
                                     session=boto3.Session(region_name=a.region)))
         elif a.cmd == "checkpoint":
-            from trainyard.engine.components.export import export_checkpoint
-
             if a.uri.startswith("s3://") and not os.environ.get("AWS_ENDPOINT_URL"):
-                from trainyard.sdk.store import ensure_store  # as local jobs do: s3:// is the embedded store
-
-                os.environ.update(ensure_store().env())
+                os.environ.update(ensure_store().env())  # as local jobs do: s3:// is the embedded store
             config = export_checkpoint(a.uri, a.out)
             print(f"step {config['step']} ({config['parameters'] / 1e6:.2f}M parameters) from {config['source']} "
                   f"written to {a.out}/model.safetensors")

@@ -34,6 +34,7 @@ from trainyard.sdk import packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.inputs import TrainingInput, to_channels
+from trainyard.sdk.job import LOG_MODES
 from trainyard.sdk.netem import unavailable_reason
 from trainyard.sdk.session import Session, default_output_path
 from trainyard.sdk.versions import check_framework
@@ -263,6 +264,8 @@ class Estimator:
 
         With `dry_run`, print the plan (for EC2: the resources and the price) and return it, creating
         nothing. `experiment_config` (SageMaker Experiments) is accepted and has no effect."""
+        if logs not in LOG_MODES:
+            raise ConfigError("logs", f"{logs!r}: use 'All', 'None' or 'Rules' (or True/False)")
         if experiment_config:
             print("[trainyard] accepted with no effect: experiment_config (SageMaker Experiments)", file=sys.stderr)
         spec = self._job_spec(inputs, job_name)

@@ -25,8 +25,10 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Callable, Mapping
 
+import trainyard
 from trainyard.job.errors import ImageError
 
 DOCKERFILE = "trainyard/container/Dockerfile"  # relative to the build context (the repository root)
@@ -47,8 +49,6 @@ def _say(msg: str) -> None:
 
 
 def sdk_version() -> str:
-    import trainyard
-
     return trainyard.__version__
 
 
@@ -301,8 +301,6 @@ def build_command(name: str, base: list[str], context_dir: str, ref: str, docker
 
 
 def _context_version(context_dir: str) -> str | None:
-    import tomllib
-
     path = os.path.join(context_dir, "pyproject.toml")
     if not os.path.isfile(path):
         return None

@@ -41,6 +41,34 @@ class TrainingInput:
     hub_access_config: dict | None = None
     model_access_config: dict | None = None
 
+    @property
+    def config(self) -> dict:
+        """The channel as SageMaker's CreateTrainingJob takes it (`sagemaker.inputs.TrainingInput.config`)."""
+        s3 = {"S3DataType": self.s3_data_type, "S3Uri": self.s3_data}
+        if self.distribution is not None or self.target_attribute_name is None:
+            s3["S3DataDistributionType"] = self.distribution or "FullyReplicated"
+        if self.attribute_names:
+            s3["AttributeNames"] = list(self.attribute_names)
+        if self.instance_groups:
+            s3["InstanceGroupNames"] = list(self.instance_groups)
+        out: dict = {"DataSource": {"S3DataSource": s3}}
+        for key, value in (("CompressionType", self.compression), ("ContentType", self.content_type),
+                           ("RecordWrapperType", self.record_wrapping), ("InputMode", self.input_mode),
+                           ("TargetAttributeName", self.target_attribute_name)):
+            if value is not None:
+                out[key] = value
+        if self.shuffle_config is not None:
+            out["ShuffleConfig"] = {"Seed": self.shuffle_config.seed}
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ShuffleConfig:
+    """SageMaker's shuffle of a channel's objects for Pipe mode; accepted in `TrainingInput`, no effect in
+    File mode (SageMaker's rule, and Trainyard stages files)."""
+
+    seed: int
+
 
 @dataclass(frozen=True, slots=True)
 class FileSystemInput:
@@ -93,7 +121,10 @@ def to_channels(inputs: object, default_input_mode: str = "File") -> list[Channe
                                      "(a prefix whose objects are the channel's files)")
         if value.compression not in (None, "None", "Gzip"):
             raise ConfigError(field, f"compression {value.compression!r}: use None or 'Gzip'")
-        uri = check_storage_uri(field, value.s3_data, ("s3", "file", "fsx"))
+        uri = value.s3_data
+        if isinstance(uri, str) and uri.startswith("file://") and not uri.startswith("file:///"):
+            uri = "file://" + os.path.abspath(uri[len("file://"):])  # local mode's `file://./data`: from here
+        uri = check_storage_uri(field, uri, ("s3", "file", "fsx"))
         if uri.startswith("file://") and not os.path.exists(uri[len("file://") :]):
             raise ConfigError(field, f"{uri} does not exist; check the path or upload the data first")
         try:

@@ -104,10 +104,7 @@ class TrainingJob:
                                        "MetricDefinitions": [dict(d) for d in spec.metric_definitions],
                                        "EnableSageMakerMetricsTimeSeries": spec.enable_sagemaker_metrics},
             "RoleArn": spec.role,
-            "InputDataConfig": [
-                {"ChannelName": c.name, "DataSource": {"S3DataSource": {"S3Uri": c.uri, "S3DataDistributionType": c.distribution}}}
-                for c in spec.channels
-            ],
+            "InputDataConfig": [_channel(c) for c in spec.channels],
             "OutputDataConfig": {"S3OutputPath": spec.output_path},
             "ResourceConfig": {"InstanceType": spec.instance_type, "InstanceCount": spec.instance_count,
                                "VolumeSizeInGB": spec.volume_size},
@@ -202,6 +199,18 @@ class TrainingJob:
             return []
         paths = [f"{self.dir}/logs/{h}.log" for h in self.spec.hosts]
         return metrics.scrape_files(paths, self.spec.metric_definitions)
+
+
+def _channel(c) -> dict:
+    """One channel as DescribeTrainingJob shows it."""
+    source = {"S3DataType": c.s3_data_type, "S3Uri": c.uri, "S3DataDistributionType": c.distribution}
+    if c.attribute_names:
+        source["AttributeNames"] = list(c.attribute_names)
+    out = {"ChannelName": c.name, "DataSource": {"S3DataSource": source}, "InputMode": c.input_mode,
+           "RecordWrapperType": c.record_wrapping or "None", "CompressionType": c.compression or "None"}
+    if c.content_type:
+        out["ContentType"] = c.content_type
+    return out
 
 
 def _times(d: dict) -> dict:

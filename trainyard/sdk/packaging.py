@@ -11,9 +11,13 @@ import io
 import logging
 import os
 import tarfile
+import tempfile
 from dataclasses import dataclass
 
 import pathspec
+
+from trainyard.job import storage
+from trainyard.job.uris import join
 
 log = logging.getLogger("trainyard")
 
@@ -121,11 +125,6 @@ def package(source_dir: str | None, entry_file: str | None = None, dependencies:
 
 def upload(pkg: Package, code_location: str) -> str:
     """Put the package under `code_location` unless the same content is already there; returns its URI."""
-    import tempfile
-
-    from trainyard.job import storage
-    from trainyard.job.uris import join
-
     uri = join(code_location, pkg.key)
     if storage.exists(uri):
         return uri

@@ -35,7 +35,8 @@ class Session:
 
     @property
     def embedded(self) -> bool:
-        """True when this session's S3 is Trainyard's embedded store."""
+        """True when this session's S3 is the one local jobs use: Trainyard's embedded store, or the
+        endpoint AWS_ENDPOINT_URL names."""
         return self.boto_session is None
 
     @property
@@ -54,19 +55,19 @@ class Session:
         return self.boto_session.client("s3")
 
     def default_bucket(self) -> str:
-        """The bucket jobs write to by default, created if missing."""
+        """The bucket jobs write to by default, created if missing (as SageMaker does): locally the
+        embedded store's (or AWS_ENDPOINT_URL's) `trainyard-default`; on AWS `sagemaker-<region>-<account>`."""
         if self._default_bucket:
             return self._default_bucket
         if self.embedded:
-            self._default_bucket = DEFAULT_BUCKET
-            self._s3()  # the embedded store creates its default bucket on start
-            return self._default_bucket
-        account = self.boto_session.client("sts").get_caller_identity()["Account"]
-        name = f"sagemaker-{self.boto_region_name}-{account}"
+            name = DEFAULT_BUCKET
+        else:
+            account = self.boto_session.client("sts").get_caller_identity()["Account"]
+            name = f"sagemaker-{self.boto_region_name}-{account}"
         s3 = self._s3()
         try:
             s3.head_bucket(Bucket=name)
-        except Exception:  # noqa: BLE001 - botocore's ClientError (404): create it, as SageMaker does
+        except Exception:  # noqa: BLE001 - botocore's ClientError (404): create it
             kw = {} if self.boto_region_name == "us-east-1" else {
                 "CreateBucketConfiguration": {"LocationConstraint": self.boto_region_name}}
             s3.create_bucket(Bucket=name, **kw)
@@ -148,9 +149,9 @@ class LocalSession(Session):
 
 
 def get_execution_role(sagemaker_session=None, use_default: bool = False) -> str:
-    """The IAM role jobs run with: `TRAINYARD_ROLE_ARN` if set; otherwise, with real AWS credentials, the
-    caller's role (an assumed-role identity's role ARN); otherwise a local placeholder ARN (local jobs
-    record it and need no role)."""
+    """The IAM role jobs run with: `TRAINYARD_ROLE_ARN` if set; otherwise, given a session with a boto3
+    session (`Session(boto_session=...)`), the caller's role (an assumed-role identity's role ARN);
+    otherwise a local placeholder ARN, which local jobs record and EC2 preflight refuses."""
     role = os.environ.get("TRAINYARD_ROLE_ARN")
     if role:
         return role

@@ -21,6 +21,7 @@ from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import RankFailure, root_cause
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
+from trainyard.sdk.netem import in_host
 from trainyard.job.spec import JobSpec
 
 POLL_S = 0.1
@@ -111,8 +112,6 @@ class Supervisor:
         """With `emulated_network`: namespaces, shaped links, and a relay to the object store."""
         from urllib.parse import urlparse
 
-        from trainyard.sdk import netem
-
         net = self.spec.emulated_network
         self.plan = netem.Plan.for_job(self.spec.job_name, self.spec.instance_count, netem.taken_nets())
         for warning in netem.up(self.plan, net.bandwidth_mbit, net.delay_ms):
@@ -128,8 +127,6 @@ class Supervisor:
         self.driver_env["GLOO_SOCKET_IFNAME"] = "eth0"
 
     def network_down(self) -> None:
-        from trainyard.sdk import netem
-
         if self.relay is not None:
             self.relay.close()
         if self.plan is not None:
@@ -188,8 +185,6 @@ class Supervisor:
             else:
                 cmd = [*driver, "--root", hostdir]
             if self.plan is not None:
-                from trainyard.sdk.netem import in_host
-
                 cmd = in_host(self.plan, i, cmd)
             log = open(f"{self.jobdir}/logs/{host}.log", "ab")
             p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -255,8 +250,6 @@ class Supervisor:
                 self.terminate()
                 return self.stop_reason
             if time.monotonic() > next_ping and self.runtime.get("embedded_store"):
-                from trainyard.sdk.store import healthy
-
                 healthy(self.runtime["env"]["AWS_ENDPOINT_URL"])
                 next_ping = time.monotonic() + STORE_PING_S
             time.sleep(POLL_S)

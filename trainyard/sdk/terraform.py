@@ -40,6 +40,8 @@ from trainyard.job import catalog
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import split_fsx, split_s3
+from trainyard.sdk.aws.backend import _check_inputs, state_uri
+from trainyard.sdk.aws.userdata import render_user_data
 
 # An fsx:// channel on the file system that module "cluster" creates, whose id is known only after
 # apply: FileSystemInput(CLUSTER_FSX, "/data/tokens"). (A valid-looking id no file system has.)
@@ -82,9 +84,6 @@ def render_root_module(spec: JobSpec, path: str, *, cluster: dict | None = None,
         `dns_name`, `mount_name`, as the EC2 backend's); without them, terraform asks.
     code_archive: the bytes of `sourcedir.tar.gz`, uploaded by `apply` to `spec.code_uri`.
     """
-    from trainyard.sdk.aws.backend import _check_inputs, state_uri
-    from trainyard.sdk.aws.userdata import render_user_data
-
     itype = catalog.lookup(spec.instance_type)
     if itype.is_local:
         raise ConfigError("instance_type", "Terraform renders EC2 jobs: give an EC2 instance type such as "
@@ -95,6 +94,9 @@ def render_root_module(spec: JobSpec, path: str, *, cluster: dict | None = None,
         raise ConfigError("image_uri", "EC2 jobs need a training image (an ECR URI)")
     if spec.subnets:
         raise ConfigError("subnets", "a Terraform job runs in its cluster's subnet; leave subnets out")
+    if spec.security_group_ids:
+        raise ConfigError("security_group_ids", "a Terraform job's instances are in their cluster's security group "
+                                                "(its launch template); leave security_group_ids out")
     _check_inputs(spec)
     efa = itype.max_efa_interfaces if itype.efa_supported else 0
     if spec.instance_count > 1 and efa == 0:
@@ -316,7 +318,8 @@ def _main_tf(spec: JobSpec, instance_type: str, efa: int, state: str, existing: 
         what = ("creates the job's cluster (modules/cluster: VPC and endpoints, EFA security group, placement group, "
                 "FSx, checkpoint bucket, role, ECR, launch template) and launches")
     else:
-        what = f"launches, from the launch template {existing['launch_template_id']} of an existing cluster,"
+        what = (f"launches, from the launch template {existing['launch_template_id']} of an existing cluster "
+                "(whose root volume size it keeps),")
     header = textwrap.fill(
         f"Trainyard job {spec.job_name}, rendered from its JobSpec (spec.json) by `trainyard render terraform`. "
         f"`terraform init && terraform apply` {what} the job's {spec.instance_count} instance(s) (modules/job): they "
@@ -342,10 +345,13 @@ def _main_tf(spec: JobSpec, instance_type: str, efa: int, state: str, existing: 
         ("hyperparameters", spec.hyperparameters),
         ("channels", channels),
         ("fsx", Expr("[" + ", ".join(mounts) + "]") if mounts else []),
+        ("volume_size", spec.volume_size),
+        ("tags", spec.tags),
     ]
     out.append("\n" + _comment("The job's values, as in spec.json (hyperparameters and channels too: see outputs.tf)."
                                "\nfsx: DNS and mount names of the FSx file systems the user data mounts, in its "
-                               "order.") + _block("locals", scalars))
+                               "order.\ntags: on every resource created, with the modules' own (trainyard:job, "
+                               "trainyard:cluster).") + _block("locals", scalars))
     if existing is None:
         reads = [c.uri for c in spec.channels if c.uri.startswith("s3://")]
         if spec.code_uri and spec.code_uri.startswith("s3://") and not _under(spec.code_uri, spec.output_path):
@@ -364,6 +370,8 @@ def _main_tf(spec: JobSpec, instance_type: str, efa: int, state: str, existing: 
             ("read_s3_uris", reads),
             ("write_s3_uris", [spec.checkpoint_s3_uri] if spec.checkpoint_s3_uri else []),
             ("create_fsx", create_fsx),
+            ("root_volume_size_gib", Expr("local.volume_size")),
+            ("tags", Expr("local.tags")),
         ]
         if create_fsx:
             cluster_args += [("data_bucket_name", Expr("var.data_bucket_name")),
@@ -386,6 +394,7 @@ def _main_tf(spec: JobSpec, instance_type: str, efa: int, state: str, existing: 
         ("user_data", Expr(f'templatefile("${{path.module}}/{TEMPLATE}", {{ fsx = local.fsx }})')),
         ("state_s3_uri", Expr("local.state_s3_uri")),
         ("spec_json", Expr('file("${path.module}/spec.json")')),
+        ("tags", Expr("local.tags")),
     ]
     if has_code:
         job_args += [("code_archive_path", Expr(f'"${{path.module}}/{CODE_ARCHIVE}"')),

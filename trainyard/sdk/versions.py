@@ -38,14 +38,14 @@ def check_framework(asked: dict[str, tuple[str, str | None]], py_version: str | 
     for argument, (package, version) in asked.items():
         if not version:
             continue
-        have = IMAGE_VERSIONS["torch"] if package == "torch" and not local else installed(package)
+        have = installed(package) if local else IMAGE_VERSIONS.get(package)
         if not _matches(version, have):
-            notes.append(f"{argument} {version!r}: {where} has {package} {have or '(not installed)'}; "
-                         "the job runs with that")
+            found = f"{package} {have}" if have else f"no {package} (add it to requirements.txt)"
+            notes.append(f"{argument} {version!r}: {where} has {found}; the job runs with that")
     if py_version:
         have_py = f"{sys.version_info.major}.{sys.version_info.minor}" if local else IMAGE_VERSIONS["python"]
         digits = py_version.removeprefix("py")
         want = f"{digits[0]}.{digits[1:]}" if digits.isdigit() and len(digits) >= 2 else digits
-        if want != have_py:
+        if want != have_py and not (want == "3" and have_py.startswith("3.")):
             notes.append(f"py_version {py_version!r}: {where} has Python {have_py}; the job runs with that")
     return notes

@@ -7,6 +7,25 @@ data "aws_ssm_parameter" "ami" {
   name  = var.ami_ssm_parameter
 }
 
+# The AMI's root device, on which the root volume is mapped, and its snapshot's size, below which EC2
+# refuses a root volume (the EC2 backend reads the same with DescribeImages: trainyard/sdk/aws/provision.py
+# image_root and root_volume_gib).
+data "aws_ami" "this" {
+  filter {
+    name   = "image-id"
+    values = [local.ami_id]
+  }
+}
+
+locals {
+  ami_id = var.ami_id != null ? var.ami_id : data.aws_ssm_parameter.ami[0].insecure_value
+  # root_volume_size_gib, or the AMI's root snapshot when that is larger
+  root_volume_gib = max(var.root_volume_size_gib, [
+    for m in data.aws_ami.this.block_device_mappings : tonumber(lookup(m.ebs, "volume_size", "0"))
+    if m.device_name == data.aws_ami.this.root_device_name
+  ]...)
+}
+
 # card 0 device 0 "efa", device 0 of every further card "efa-only" (one plain interface without EFA)
 module "efa_layout" {
   source         = "../efa-layout"
@@ -17,7 +36,7 @@ resource "aws_launch_template" "this" {
   #checkov:skip=CKV_AWS_341:hop limit 2 is required: the training container is one hop further than the instance and reads IMDS (trainyard/job/facts.py IMDS_OPTIONS)
   name_prefix            = "${var.name}-"
   description            = "Trainyard cluster ${var.name}: ${var.efa_interfaces} EFA interface(s), IMDSv2, placement group ${aws_placement_group.this.name}"
-  image_id               = var.ami_id != null ? var.ami_id : data.aws_ssm_parameter.ami[0].insecure_value
+  image_id               = local.ami_id
   update_default_version = true
   ebs_optimized          = true
   # the user data powers the instance off when the node agent exits: that ends it for good
@@ -44,9 +63,9 @@ resource "aws_launch_template" "this" {
   }
 
   block_device_mappings {
-    device_name = "/dev/xvda" # the root device of the Deep Learning Base AMI (Amazon Linux 2023)
+    device_name = data.aws_ami.this.root_device_name
     ebs {
-      volume_size           = var.root_volume_size_gib
+      volume_size           = local.root_volume_gib
       volume_type           = "gp3"
       encrypted             = true
       delete_on_termination = true

@@ -63,13 +63,13 @@ variable "ami_ssm_parameter" {
 }
 
 variable "root_volume_size_gib" {
-  description = "Size of each instance's encrypted gp3 root volume (the image and a local copy of the S3 channels)."
+  description = "Size of each instance's encrypted gp3 root volume (the image and a local copy of the S3 channels): a job's volume_size (SageMaker's default 30), raised to the AMI's root snapshot when that is larger."
   type        = number
-  default     = 200
+  default     = 30
 
   validation {
-    condition     = var.root_volume_size_gib == floor(var.root_volume_size_gib) && var.root_volume_size_gib >= 50 && var.root_volume_size_gib <= 16384
-    error_message = "root_volume_size_gib must be a whole number of GiB from 50 to 16384 (gp3's maximum)."
+    condition     = var.root_volume_size_gib == floor(var.root_volume_size_gib) && var.root_volume_size_gib >= 1 && var.root_volume_size_gib <= 16384
+    error_message = "root_volume_size_gib must be a whole number of GiB from 1 to 16384 (gp3's maximum)."
   }
 }
 

@@ -5,7 +5,7 @@
 # AMI launch index (0..N-1) as its host index. Terraform launches each aws_instance with a
 # RunInstances of its own, so every launch index here is 0; each instance carries its index in the
 # trainyard:host-index tag instead (trainyard/job/facts.py HOST_INDEX_TAG), which the node agent prefers to
-# the launch index (trainyard/container/node.py host_index).
+# the launch index (trainyard/container/peers.py host_index).
 
 locals {
   # Terraform launches the first attempt only: an interrupted spot job is not relaunched by itself

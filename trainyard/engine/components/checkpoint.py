@@ -16,8 +16,10 @@ checkpoint that holds pickled entries is refused before anything of it is read.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -288,8 +290,6 @@ def _state(model, optimizer, scheduler, step: int, extra: dict | None) -> dict[s
 def _write_model_config(target: str, model: nn.Module) -> None:
     """`<step>/model.json`: the model's shape, for `trainyard checkpoint export` (rank 0, before the save,
     so a committed step has it)."""
-    import json
-
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or (dist.is_initialized() and dist.get_rank() != 0):
         return
@@ -333,8 +333,6 @@ class AsyncSaver:
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> float:
         """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
-        import time
-
         start = time.perf_counter()
         self.wait()
         state = _state(model, optimizer, scheduler, step, extra)

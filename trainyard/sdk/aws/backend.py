@@ -17,7 +17,10 @@ from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_json
 from trainyard.sdk.job import TrainingJob
 from trainyard.job.spec import JobSpec, build_spec
-from trainyard.job.uris import join
+from trainyard.job.uris import join, split_s3
+from trainyard.sdk.aws.preflight import preflight
+from trainyard.sdk.aws.provision import Cluster, Ledger, find_tagged
+from trainyard.sdk.aws.userdata import render_user_data
 
 STOP_TIMEOUT_S = 900.0  # terminating GPU instances and releasing their interfaces takes minutes
 
@@ -29,7 +32,6 @@ def state_uri(spec: JobSpec) -> str:
 
 class Ec2Job(TrainingJob):
     """A handle on an EC2 job: the local job's, with EC2's stop time and the region in the ARN."""
-
     stop_timeout_s = STOP_TIMEOUT_S
 
     def __repr__(self) -> str:
@@ -48,7 +50,6 @@ class Ec2Job(TrainingJob):
 
 class Ec2Backend:
     """EC2 instances with EFA, provisioned by this process and followed by a detached controller."""
-
     name = "ec2"
 
     def __init__(self, session=None, say=print):
@@ -64,8 +65,6 @@ class Ec2Backend:
 
     def plan(self, spec: JobSpec):
         """Preflight: read-only calls (Describe/Get/List) that find everything a launch would fail on."""
-        from trainyard.sdk.aws.preflight import preflight
-
         return preflight(spec, session=self.session)
 
     def launch(self, spec: JobSpec, plan, upload_code) -> "Ec2Job":
@@ -89,8 +88,6 @@ def _check_inputs(spec: JobSpec) -> None:
 
 def _check_storage(spec: JobSpec, session) -> None:
     """The buckets exist and the S3 channels are not empty (on the real service: never the embedded store)."""
-    from trainyard.job.uris import split_s3
-
     s3 = session.client("s3")
     for field in ("output_path", "checkpoint_s3_uri"):
         uri = getattr(spec, field)
@@ -108,10 +105,6 @@ def _check_storage(spec: JobSpec, session) -> None:
 
 
 def _start(spec: JobSpec, plan, session, say) -> "Ec2Job":
-    from trainyard.sdk.aws.provision import Cluster, Ledger
-    from trainyard.sdk.aws.userdata import render_user_data
-    from trainyard.job.uris import split_s3
-
     jobdir = job_dir(spec.job_name)
     os.makedirs(f"{jobdir}/logs")
     with open(f"{jobdir}/spec.json", "w") as fh:
@@ -147,7 +140,6 @@ def gc(session, *, say=print, include_running: bool = False) -> dict[str, list[s
     """Delete what ended jobs left behind, found by their `trainyard:job` tag. A job whose controller still
     runs here is skipped; so is one with pending or running instances unless `include_running` (a job
     started from another machine looks like that). Returns {job: what could not be deleted}."""
-    from trainyard.sdk.aws.provision import Cluster, Ledger, find_tagged
 
     order = ("subnet", "security-group", "placement-group", "instance-profile", "launch-template", "instance")
     by_job: dict[str, list[dict]] = {}

@@ -25,8 +25,11 @@ import signal
 import sys
 import time
 
-from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 from trainyard.job.spec import JobSpec
+from trainyard.job.uris import join, split_s3
+from trainyard.sdk.aws.provision import Cluster, Ledger
+from trainyard.sdk.aws.userdata import render_user_data
+from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 
 LOG_GROUP = "/trainyard/jobs"
 POLL_S = float(os.environ.get("TRAINYARD_CONTROLLER_POLL_S", "5"))
@@ -45,8 +48,6 @@ class Controller:
     def __init__(self, jobdir: str):
         import boto3
 
-        from trainyard.sdk.aws.provision import Cluster, Ledger
-
         self.jobdir = jobdir
         self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
         self.runtime = read_json(f"{jobdir}/runtime.json")
@@ -62,8 +63,6 @@ class Controller:
     # ---- what the nodes say -----------------------------------------------------------------------------
 
     def host_status(self, host: str, attempt: int) -> dict | None:
-        from trainyard.job.uris import join, split_s3
-
         bucket, key = split_s3(join(self.runtime["state_uri"], "hosts", host, "status.json"))
         try:
             doc = json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -178,8 +177,6 @@ class Controller:
 
     def retry(self, attempt: int, what: str, started: float) -> bool:
         """Launch the next attempt on new capacity when the job may retry. Returns False when it may not."""
-        from trainyard.sdk.aws.userdata import render_user_data
-
         spec = self.spec
         if not spec.use_spot_instances or attempt > spec.max_retry_attempts:
             return False

@@ -19,7 +19,7 @@ from trainyard.job import catalog
 from trainyard.job.facts import InstanceFacts, network_interfaces
 from trainyard.job.errors import ConfigError
 from trainyard.job.uris import split_fsx
-from trainyard.sdk.aws.provision import resolve_ami, resource_tags, root_device
+from trainyard.sdk.aws.provision import resolve_ami, resource_tags, root_device, root_volume_gib
 
 # EC2 vCPU quotas in Service Quotas (service code "ec2"), per family: (On-Demand, Spot).
 # Running instances of the same family count against them too.
@@ -122,7 +122,8 @@ class Plan:
         lines.append(f"  storage:   {self.root_volume_gib} GB gp3 root volume{device} per instance{ami}, encrypted, "
                      f"deleted with the instance ({n * self.root_volume_gib} GB in all)")
         if self.security_group_ids:
-            lines.append(f"  security:  the job's EFA group and {', '.join(self.security_group_ids)} on every interface")
+            groups = ", ".join(self.security_group_ids)
+            lines.append(f"  security:  the job's EFA group and {groups} on every interface")
         if self.tags:
             lines.append("  tags:      " + ", ".join(f"{k}={v}" for k, v in self.tags.items())
                          + " (with trainyard:job) on every resource created")
@@ -314,11 +315,11 @@ def _root_volume(session, ec2, spec, notes: list) -> tuple[str | None, str | Non
                               "of this region with the NVIDIA and EFA drivers and docker") from None
         notes.append(f"AMI {ami} could not be read ({_code(e)}); its root device is read again at launch")
         return ami, None, spec.volume_size
-    if snapshot and snapshot > spec.volume_size:
+    size = root_volume_gib(spec.volume_size, snapshot)
+    if size != spec.volume_size:
         notes.append(f"volume_size={spec.volume_size} GB is smaller than the root snapshot of AMI {ami} "
-                     f"({snapshot} GB): the root volumes are {snapshot} GB")
-        return ami, device, snapshot
-    return ami, device, spec.volume_size
+                     f"({snapshot} GB): the root volumes are {size} GB")
+    return ami, device, size
 
 
 def _check_quota(session, spec, facts: InstanceFacts, region: str) -> str:

@@ -271,7 +271,8 @@ class Cluster:
             LaunchTemplateData={"UserData": base64.b64encode(user_data.encode()).decode()})
         try:
             reply = self.ec2.run_instances(
-                MinCount=count, MaxCount=count, TagSpecifications=self._tags(*self._launched(use_spot), attempt=attempt),
+                MinCount=count, MaxCount=count,
+                TagSpecifications=self._tags(*self._launched(use_spot), attempt=attempt),
                 LaunchTemplate={"LaunchTemplateId": template,
                                 "Version": str(version["LaunchTemplateVersion"]["VersionNumber"])})
         except Exception as e:  # noqa: BLE001
@@ -381,15 +382,26 @@ def _rule_present(rule: dict, existing: list[dict]) -> bool:
     return False
 
 
+def image_root(image: dict) -> tuple[str, int | None]:
+    """(root device name, size in GB of its snapshot or None) of one DescribeImages image."""
+    device = image.get("RootDeviceName") or DEFAULT_ROOT_DEVICE
+    size = next((m["Ebs"].get("VolumeSize") for m in image.get("BlockDeviceMappings", [])
+                 if m.get("DeviceName") == device and m.get("Ebs")), None)
+    return device, size
+
+
 def root_device(ec2, ami: str) -> tuple[str, int | None]:
-    """(root device name, size in GB of its snapshot or None) of the AMI, from DescribeImages."""
+    """`image_root` of the AMI, from DescribeImages."""
     images = ec2.describe_images(ImageIds=[ami])["Images"]
     if not images:
         raise RuntimeError(f"AMI {ami} not found")
-    device = images[0].get("RootDeviceName") or DEFAULT_ROOT_DEVICE
-    size = next((m["Ebs"].get("VolumeSize") for m in images[0].get("BlockDeviceMappings", [])
-                 if m.get("DeviceName") == device and m.get("Ebs")), None)
-    return device, size
+    return image_root(images[0])
+
+
+def root_volume_gib(volume_size: int, snapshot_gib: int | None) -> int:
+    """The root volume: volume_size, or the AMI's root snapshot when that is larger (EC2 refuses a
+    volume smaller than its snapshot). infra/modules/cluster computes the same."""
+    return max(volume_size, snapshot_gib or 0)
 
 
 def resolve_ami(session) -> str:

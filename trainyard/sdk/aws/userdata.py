@@ -16,6 +16,9 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
+from trainyard.job import catalog
+from trainyard.job.uris import split_fsx
+
 if TYPE_CHECKING:
     from trainyard.job.spec import JobSpec
 
@@ -48,8 +51,6 @@ def ecr_registry(image_uri: str) -> tuple[str, str] | None:
 
 
 def _check(spec: "JobSpec", state_uri: str, region: str, attempt: int, fsx_mounts: list[dict]) -> None:
-    from trainyard.job.uris import split_fsx
-
     if not spec.image_uri:
         raise ValueError("image_uri: EC2 jobs need a training image (ECR URI)")
     if not spec.job_name:
@@ -76,8 +77,6 @@ def _check(spec: "JobSpec", state_uri: str, region: str, attempt: int, fsx_mount
 def render_user_data(spec: "JobSpec", *, state_uri: str, region: str, attempt: int, fsx_mounts: list[dict]) -> str:
     """The bash script every instance of `spec`'s launch runs at boot. Raises ValueError when it would
     exceed EC2's 16 KB limit or when an argument is malformed."""
-    from trainyard.job import catalog
-
     _check(spec, state_uri, region, attempt, fsx_mounts)
     itype = catalog.lookup(spec.instance_type)
     image = spec.image_uri

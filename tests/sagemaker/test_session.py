@@ -1,0 +1,87 @@
+"""(3) `sagemaker.Session()` as the notebooks use it: default_bucket(), upload_data(), download_data(),
+get_execution_role(); locally, with no AWS credentials at all.
+
+The cells copied are from aws/amazon-sagemaker-examples sagemaker-python-sdk/pytorch_mnist/pytorch_mnist.ipynb
+and huggingface/notebooks sagemaker/06_sagemaker_metrics; the expected URIs and paths are what
+sagemaker/session.py's upload_data / download_data return and write.
+"""
+import os
+
+
+AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+            "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def _files(root) -> dict[str, str]:
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, root)] = open(p).read()
+    return out
+
+
+def _make_data(tmp_path):
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "a.csv").write_text("1,2\n")
+    (tmp_path / "data" / "sub" / "b.csv").write_text("3,4\n")
+    (tmp_path / "single.txt").write_text("just one file")
+
+
+def _round_trip(tmp_path):
+    import trainyard
+
+    sagemaker_session = trainyard.Session()
+
+    bucket = sagemaker_session.default_bucket()
+    prefix = "sagemaker/DEMO-pytorch-mnist"
+
+    role = trainyard.get_execution_role()
+
+    assert isinstance(bucket, str) and bucket, bucket
+    assert sagemaker_session.default_bucket() == bucket
+    assert sagemaker_session.default_bucket_prefix is None
+    assert isinstance(role, str) and role.startswith("arn:aws:iam::") and ":role/" in role, role
+
+    inputs = sagemaker_session.upload_data(path="data", bucket=bucket, key_prefix=prefix)
+    print("input spec (in this case, just an S3 path): {}".format(inputs))
+    assert inputs == f"s3://{bucket}/{prefix}"
+    # a single file, with the defaults: the default bucket, key prefix "data"
+    assert sagemaker_session.upload_data(path="single.txt") == f"s3://{bucket}/data/single.txt"
+
+    sagemaker_session.download_data(path="back", bucket=bucket, key_prefix=prefix)
+    assert _files(tmp_path / "back") == {"a.csv": "1,2\n", os.path.join("sub", "b.csv"): "3,4\n"}
+    sagemaker_session.download_data(path="one", bucket=bucket, key_prefix="data/single.txt")
+    assert _files(tmp_path / "one") == {"single.txt": "just one file"}
+
+    # huggingface/notebooks: sess = sagemaker.Session(default_bucket=sagemaker_session_bucket)
+    sess = trainyard.Session(default_bucket=bucket)
+    print(f"sagemaker bucket: {sess.default_bucket()}")
+    print(f"sagemaker session region: {sess.boto_region_name}")
+    assert sess.default_bucket() == bucket
+    assert isinstance(sess.boto_region_name, str) and sess.boto_region_name
+    return bucket
+
+
+def test_session_round_trip_without_aws_credentials(tmp_path, monkeypatch):
+    for var in AWS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.chdir(tmp_path)
+    _make_data(tmp_path)
+    _round_trip(tmp_path)
+
+
+def test_session_uses_the_configured_endpoint(tmp_path, monkeypatch, s3_endpoint):
+    """With AWS_ENDPOINT_URL set (here a moto server), local jobs read s3:// from that endpoint, so the
+    Session must upload there too; default_bucket() creates its bucket if missing, as SageMaker's does."""
+    import boto3
+
+    monkeypatch.chdir(tmp_path)
+    _make_data(tmp_path)
+    bucket = _round_trip(tmp_path)
+    keys = {o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket=bucket)["Contents"]}
+    assert {"sagemaker/DEMO-pytorch-mnist/a.csv", "sagemaker/DEMO-pytorch-mnist/sub/b.csv",
+            "data/single.txt"} <= keys
