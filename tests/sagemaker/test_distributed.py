@@ -41,7 +41,7 @@ def test_pytorch_mnist_notebook_on_two_hosts(tmp_path, monkeypatch, capsys, capl
     sagemaker_session = trainyard.Session()
 
     bucket = sagemaker_session.default_bucket()
-    prefix = "sagemaker/DEMO-pytorch-mnist-ddp"
+    prefix = "sagemaker/ddp-mnist"
 
     role = trainyard.get_execution_role()
 

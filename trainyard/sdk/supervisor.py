@@ -15,14 +15,17 @@ import signal
 import subprocess
 import sys
 import time
+from urllib.parse import urlparse
 
 from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import RankFailure, root_cause
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
-from trainyard.sdk.netem import in_host
 from trainyard.job.spec import JobSpec
+from trainyard.sdk import netem
+from trainyard.sdk.netem import in_host
+from trainyard.sdk.store import healthy
 
 POLL_S = 0.1
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
@@ -110,8 +113,6 @@ class Supervisor:
     # -- preparation ------------------------------------------------------------------------------
     def network_up(self) -> None:
         """With `emulated_network`: namespaces, shaped links, and a relay to the object store."""
-        from urllib.parse import urlparse
-
         net = self.spec.emulated_network
         self.plan = netem.Plan.for_job(self.spec.job_name, self.spec.instance_count, netem.taken_nets())
         for warning in netem.up(self.plan, net.bandwidth_mbit, net.delay_ms):
