@@ -27,8 +27,9 @@ not stretch, so it stays comparable when the wall times do not.
    ModelConfig, dims, ...)` built the model itself) against `--new-rev` (the `Trainer` through the public
    API: a model built on the meta device, `transform(model)` -> `parallelize(model, spec, dims, ...)`).
    MiCS over both ranks, fp32, global batch 8 of 128 tokens, micro-batch 2 (2 micro-batches per rank).
-   Each revision is extracted with `git archive` into a temporary folder and laid out as pyproject's
-   package-dir maps it (`trainyard` -> api/, `trainyard.engine` -> engine/, ...) on PYTHONPATH, which
+   Each revision is extracted with `git archive` into a temporary folder and laid out as its pyproject
+   maps it (before the SDK layering, package-dir: `trainyard` -> api/, `trainyard.engine` -> engine/, ...;
+   since, the `trainyard/` folder itself) on PYTHONPATH, which
    Python searches before the editable install's finder, so a process imports that revision's code only
    (checked before the runs: the file `<package>.engine.distributed.parallelize` comes from, and the first
    parameter of its `parallelize`). `--new-rev worktree` takes this checkout as it is.
@@ -235,6 +236,10 @@ def _lay_out(src: str, root: str, name: str) -> None:
     package of their own)."""
     with open(os.path.join(src, "pyproject.toml"), "rb") as fh:
         setup = tomllib.load(fh)["tool"]["setuptools"]
+    if "package-dir" not in setup:  # the package is the trainyard/ folder itself (since the SDK layering)
+        os.makedirs(root, exist_ok=True)
+        os.symlink(os.path.join(src, "trainyard"), os.path.join(root, name))
+        return
     dirs = {pkg: os.path.join(src, d) for pkg, d in setup["package-dir"].items()}
     mapped = {os.path.realpath(d) for d in dirs.values()}
     for pkg in setup["packages"]:

@@ -8,6 +8,8 @@ SageMaker's import paths work with `sagemaker` replaced by `trainyard`: `trainya
 The public names are loaded on first use, so `import trainyard.engine` inside a training process
 does not pay for the SDK (pydantic, boto3).
 """
+import importlib
+
 __version__ = "0.1.0"
 
 # name -> module that defines it
@@ -29,6 +31,4 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trainyard' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -34,7 +34,7 @@ def test_probe_script_under_torchrun_with_gloo(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                         "--log-dir", str(tmp_path / "logs"), "--redirects", "3", "--tee", "3",
-                        os.path.join(ROOT, "container", "probe.py"), "--device", "cpu", "--size-mib", "2",
+                        os.path.join(ROOT, "trainyard", "container", "probe.py"), "--device", "cpu", "--size-mib", "2",
                         "--iters", "3", "--warmup", "1"],
                        capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -138,9 +138,9 @@ class Estimator:
         if input_mode not in INPUT_MODES:
             raise ConfigError("input_mode", f"{input_mode!r} is not supported: Trainyard stages channels as files; "
                                             "use 'File' or 'FastFile' (both give the script the same files)")
-        session = sagemaker_session if sagemaker_session is not None else None
+        session = sagemaker_session
         if boto_session is None and session is not None:
-            boto_session = session.boto_session
+            boto_session = getattr(session, "boto_session", None)
         itype = catalog.lookup(instance_type)
         local = itype.is_local
         inert = [k for k, v in sagemaker_only.items() if not _asks_nothing(v, INERT_UNLESS[k])]
@@ -148,7 +148,7 @@ class Estimator:
                    use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size)
         if local:
             inert += [k for k in EC2_ONLY if ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
-            ec2 = EC2_DEFAULTS | {"volume_size": 30}
+            ec2 = dict(EC2_DEFAULTS)
         self.git_config = git_config
         self._repo = _clone(git_config) if git_config else None
         if self._repo is not None:

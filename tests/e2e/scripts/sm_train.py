@@ -8,6 +8,7 @@ what the previous run left there.
 import argparse
 import json
 import os
+import socket
 import time
 
 import torch
@@ -53,7 +54,9 @@ if args.mode == "bandwidth":  # time an all-reduce of 8 MiB: it crosses the host
     dist.all_reduce(payload.clone())
     start = time.perf_counter()
     dist.all_reduce(payload)
-    print(f"allreduce_s={time.perf_counter() - start:.3f} master={os.environ['SM_MASTER_ADDR']}", flush=True)
+    master = os.environ["SM_MASTER_ADDR"]
+    print(f"allreduce_s={time.perf_counter() - start:.3f} master={master} at={socket.gethostbyname(master)}",
+          flush=True)
 t = torch.ones(1) * rank
 dist.all_reduce(t)
 if rank == 0:

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import TYPE_CHECKING
 
 from trainyard.job import catalog
+from trainyard.job.spec import JobSpec
 from trainyard.job.uris import split_fsx
-
-if TYPE_CHECKING:
-    from trainyard.job.spec import JobSpec
 
 USER_DATA_LIMIT = 16 * 1024  # EC2 refuses user data above 16 KB (counted before base64)
 AGENT_MARKER = "# trainyard: node agent"
