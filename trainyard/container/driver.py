@@ -45,6 +45,7 @@ from trainyard.container.failure import RankFailure, root_cause, tail
 
 TORCHRUN = ("-m", "torch.distributed.run")
 PROBE_MODULE = "trainyard.container.probe"
+WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
 PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
 # the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
 PROBE_TIMEOUT_S = 300.0
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             fetch_code(spec.code_uri, code_dir)
         if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
             raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
+        # every rank ends its process group at exit if the script did not (worker_site/sitecustomize.py)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
         # requirements.txt (container/requirements.py): an overlay that every rank sees first on PYTHONPATH
         overlay = requirements.prepare(code_dir, requirements.default_cache_root(), say=lambda m: _say(host, m))
         if overlay is not None:

@@ -1,0 +1,29 @@
+"""The training processes' sitecustomize (trainyard/container/worker_site): a process group the script left
+open is destroyed at exit, and the sitecustomize it hides still runs."""
+import os
+import subprocess
+import sys
+
+from trainyard.container.driver import WORKER_SITE
+from trainyard.sdk.local import free_port
+
+SCRIPT = ("import atexit, torch.distributed as dist; "
+          "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1); "
+          "atexit._run_exitfuncs(); print('initialized after exit handlers:', dist.is_initialized())")
+
+
+def _run(pythonpath: list[str]) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+    r = subprocess.run([sys.executable, "-c", SCRIPT.format(port=free_port())], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_an_open_process_group_is_destroyed_at_exit_and_the_hidden_sitecustomize_runs(tmp_path):
+    assert "initialized after exit handlers: True" in _run([])  # without it, the group outlives the handlers
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("print('hidden sitecustomize ran')\n")
+    out = _run([WORKER_SITE, str(hidden)])
+    assert "initialized after exit handlers: False" in out and "hidden sitecustomize ran" in out

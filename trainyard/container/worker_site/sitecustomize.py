@@ -1,0 +1,38 @@
+"""Put first on the training processes' PYTHONPATH by the driver (trainyard/container/driver.py).
+
+A script that initialises torch.distributed and returns without `destroy_process_group()` (SageMaker's
+own examples do) leaves the process group to the interpreter's teardown, where gloo's threads can still be
+running: the process then aborts ("terminate called without an active exception", SIGABRT) after its work
+is done, and the job fails. This calls `destroy_process_group()` at exit when the script did not, then runs
+the sitecustomize that this one hides on sys.path.
+"""
+import atexit
+
+
+def _end_process_group():
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the script's own end decides the exit status, not this cleanup
+        pass
+
+
+def _chain():
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+atexit.register(_end_process_group)
+_chain()
