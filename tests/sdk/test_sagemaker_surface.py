@@ -20,14 +20,6 @@ from trainyard.sdk.estimator import Estimator
 from trainyard.sdk.session import default_output_path
 
 
-@pytest.fixture
-def src(tmp_path):
-    d = tmp_path / "src"
-    d.mkdir()
-    (d / "train.py").write_text("print('hi')\n")
-    return str(d)
-
-
 def test_inert_arguments_are_named_once_and_requests_for_nothing_are_not(src, capsys):
     est = PyTorch(entry_point="train.py", source_dir=src, instance_type="local", role="arn:aws:iam::1:role/r",
                   debugger_hook_config=DebuggerHookConfig(s3_output_path="s3://b/d"), disable_profiler=True,
@@ -84,7 +76,7 @@ def test_refused_with_the_field_named(src, kw, field):
         import torch
 
         if torch.cuda.device_count():
-            return  # this machine has GPUs: local_gpu is valid here
+            pytest.skip("this machine has a GPU: local_gpu is valid here")
     with pytest.raises(ConfigError) as e:
         Estimator(entry_point="train.py", source_dir=src, **kw)
     assert e.value.field == field, str(e.value)

@@ -9,14 +9,6 @@ from trainyard.job.errors import ConfigError
 from trainyard.sdk.jobstate import jobs_root
 
 
-@pytest.fixture
-def src(tmp_path):
-    d = tmp_path / "src"
-    d.mkdir()
-    (d / "train.py").write_text("print('hi')\n")
-    return str(d)
-
-
 def _est(src, **kw):
     args = dict(entry_point="train.py", source_dir=src, instance_type="local", instance_count=1)
     args.update(kw)
