@@ -27,3 +27,28 @@ def test_an_open_process_group_is_destroyed_at_exit_and_the_hidden_sitecustomize
     (hidden / "sitecustomize.py").write_text("print('hidden sitecustomize ran')\n")
     out = _run([WORKER_SITE, str(hidden)])
     assert "initialized after exit handlers: False" in out and "hidden sitecustomize ran" in out
+
+
+THREADED = """
+import sys, threading
+def w(tag):
+    for i in range(3000):
+        print(f"{tag} line {i} " + "x" * 40)
+ts = [threading.Thread(target=w, args=(t,)) for t in "AB"]
+[t.start() for t in ts]; [t.join() for t in ts]
+"""
+
+
+def test_two_threads_printing_unbuffered_never_share_a_line(tmp_path):
+    import re
+
+    def mangled(pythonpath: list[str]) -> int:
+        out = tmp_path / "out.txt"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath), "PYTHONUNBUFFERED": "1"}
+        with open(out, "w") as fh:  # a file, as torchrun's redirects give the ranks
+            subprocess.run([sys.executable, "-c", THREADED], env=env, stdout=fh, check=True, timeout=120)
+        lines = out.read_text().splitlines(keepends=True)
+        return sum(not re.fullmatch(r"[AB] line \d+ x{40}\n", ln) for ln in lines)
+
+    assert mangled([]) > 0  # the bare interpreter splits print's text and newline: lines collide
+    assert mangled([WORKER_SITE]) == 0

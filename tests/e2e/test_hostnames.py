@@ -6,6 +6,7 @@ import re
 import pytest
 
 from trainyard import Estimator
+from trainyard.sdk.joblog import text_of
 
 from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client
 
@@ -20,7 +21,7 @@ def dataset():
 
 def _host_log(job, host: str) -> str:
     with open(f"{job.dir}/logs/{host}.log", errors="replace") as fh:
-        return fh.read()
+        return "\n".join(text_of(line) for line in fh.read().splitlines())  # without the time stamps
 
 
 @pytest.mark.parametrize("network", ["loopback", "emulated"])

@@ -83,11 +83,11 @@ def check_collectives(pph: int) -> dict[str, bool]:
     g = torch.Generator().manual_seed(rank)
     shard = torch.randn(1000, generator=g)
     flat, hier = torch.empty(world * 1000), torch.empty(world * 1000)
-    dist.all_gather_into_tensor(flat, shard, group=group)
+    dist.all_gather_single(flat, shard, group=group)
     HierarchicalAllGather(*args)(hier, shard, group)
     full = torch.randint(-1000, 1000, (world * 1000,), generator=g).float()
     out_flat, out_hier = torch.empty(1000), torch.empty(1000)
-    dist.reduce_scatter_tensor(out_flat, full, group=group)
+    dist.reduce_scatter_single(out_flat, full, group=group)
     HierarchicalReduceScatter(*args)(out_hier, full, group, dist.ReduceOp.SUM)
     return {"all_gather_identical": torch.equal(flat, hier), "reduce_scatter_identical": torch.equal(out_flat, out_hier)}
 

@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", default=None, help="torchrun's per-rank log files (default: a temporary folder)")
     p.add_argument("--status-file", default=None, help="JSON result of this host (default: <root>/output/host-status.json)")
     a = p.parse_args(argv)
+    # torchrun's tailer threads and ours share stdout: each write a whole line (see worker_site/sitecustomize.py)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True, write_through=False)
     root = a.root.rstrip("/")
     status_file = a.status_file or f"{root}/output/host-status.json"
 

@@ -44,6 +44,7 @@ from trainyard.engine.distributed.parallelize import (Parallelized, clip_grad_no
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
+from trainyard.engine.quiet import quiet
 from trainyard.engine.models.hf import weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
 
@@ -111,6 +112,7 @@ def init(distribution: dict | Parallelism | None = None) -> Context:
             raise ValueError("init() was already called with another distribution; pass distribution= to "
                              "transform() to lay one model out differently")
         return _current
+    quiet()  # torch's notes that say nothing about the job (engine/quiet.py); TRAINYARD_VERBOSE=1 shows them
     world = int(os.environ.get("WORLD_SIZE") or 1)
     dims = par.dims(world_size=world, processes_per_host=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
     d: Dist = init_distributed()

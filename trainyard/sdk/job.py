@@ -2,7 +2,7 @@
 
 Every backend keeps a job in `$TRAINYARD_HOME/jobs/<job>/` (see `jobstate.py`): the spec, a status
 document written by the process that follows the job (local supervisor, EC2 controller), and one log
-file per host. `TrainingJob` reads that folder, so any process can follow, stop or attach to a job by its
+file per host of time-stamped lines (`joblog.py`). `TrainingJob` reads that folder, so any process can follow, stop or attach to a job by its
 name; a backend subclasses it only for what differs (the ARN, the stop time).
 """
 from __future__ import annotations
@@ -17,33 +17,12 @@ from trainyard.container.contract import hp_json
 from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import metrics
+from trainyard.sdk.joblog import LogReader, job_log_paths
 from trainyard.sdk.jobstate import TERMINAL, job_dir, pid_alive, read_json, wait_for
 
 STOP_TIMEOUT_S = 60.0
 # wait(logs=...): SageMaker's values. "All" and "Rules" print the job's lines; "None" prints nothing.
 LOG_MODES = {"All": True, "Rules": True, "None": False, True: True, False: False, None: False}
-
-
-class LogFollower:
-    """New complete lines of a job's log files (supervisor first, then algo-1..N), from where it left off."""
-
-    def __init__(self, jobdir: str, hosts: list[str]):
-        self.paths = [f"{jobdir}/logs/supervisor.log"] + [f"{jobdir}/logs/{h}.log" for h in hosts]
-        self.offsets = dict.fromkeys(self.paths, 0)
-
-    def poll(self) -> list[str]:
-        lines = []
-        for path in self.paths:
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(self.offsets[path])
-                    data = fh.read()
-            except FileNotFoundError:
-                continue
-            end = data.rfind(b"\n") + 1  # only whole lines; the rest waits for its newline
-            self.offsets[path] += end
-            lines += data[:end].decode(errors="replace").splitlines()
-        return lines
 
 
 class TrainingJob:
@@ -133,11 +112,11 @@ class TrainingJob:
         """
         if logs not in LOG_MODES:
             raise ConfigError("logs", f"{logs!r}: use 'All', 'None' or 'Rules' (or True/False)")
-        follower = LogFollower(self.dir, self.spec.hosts) if LOG_MODES[logs] else None
+        follower = self._reader() if LOG_MODES[logs] else None
         try:
             while True:
                 done = self.status() in TERMINAL
-                for line in follower.poll() if follower else ():
+                for line in follower.poll(final=done) if follower else ():
                     print(line, flush=True)
                 if done:
                     break
@@ -155,18 +134,22 @@ class TrainingJob:
     def logs(self, wait: bool = True, poll: float = 0.2) -> None:
         """Print the job's log lines: what it printed so far and, with `wait`, the rest as it comes, until
         it ends (SageMaker's `logs_for_job`). Unlike `wait()`, a failed job does not raise here."""
-        follower = LogFollower(self.dir, self.spec.hosts)
+        follower = self._reader()
         while True:
             done = not wait or self.status() in TERMINAL
-            for line in follower.poll():
+            for line in follower.poll(final=done):
                 print(line, flush=True)
             if done:
                 return
             time.sleep(poll)
 
     def log_text(self) -> str:
-        """Everything the job printed so far: supervisor, then each host (rank-prefixed lines)."""
-        return "\n".join(LogFollower(self.dir, self.spec.hosts).poll())
+        """Everything the job printed so far, one story in time order: each line stamped with its UTC time,
+        then `[trainyard]` (the supervisor), `[algo-2] driver:` or `[algo-2/3]` (a rank), then the text."""
+        return "\n".join(self._reader().poll(final=True))
+
+    def _reader(self) -> LogReader:
+        return LogReader(job_log_paths(self.dir, self.spec.hosts))
 
     def stop(self, wait: bool = True) -> None:
         """Ask the job to stop; every process of it ends. With `wait`, returns once it has."""

@@ -8,18 +8,21 @@ float of the regex's first group (SageMaker's rule). Lines keep the rank prefix 
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Iterable
+
+from trainyard.sdk.joblog import LogReader, parse
 
 _RANK_PREFIX = re.compile(r"^\[algo-\d+(?:/\d+)?\] ")
 
 
 def scrape(lines: Iterable[str], definitions, timestamp: float | None = None) -> list[dict]:
-    """One row per line that matched at least one definition: `{"timestamp": t, name: value, ...}`."""
+    """One row per line that matched at least one definition: `{"timestamp": t, name: value, ...}`; t is the
+    line's own stamp (`joblog.py`), else `timestamp`."""
     compiled = [(d["Name"], re.compile(d["Regex"])) for d in definitions]
     rows = []
     for line in lines:
+        stamp, line = parse(line)
         line = _RANK_PREFIX.sub("", line)
         row = {}
         for name, rx in compiled:
@@ -33,23 +36,13 @@ def scrape(lines: Iterable[str], definitions, timestamp: float | None = None) ->
             if math.isfinite(value):
                 row[name] = value
         if row:
-            rows.append({"timestamp": timestamp, **row})
+            rows.append({"timestamp": timestamp if stamp is None else stamp, **row})
     return rows
 
 
-def scrape_files(paths: Iterable[str], definitions) -> list[dict]:
-    """`scrape` over log files (complete lines only), each row stamped with its file's modification time."""
-    rows = []
-    for path in paths:
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-            stamp = os.path.getmtime(path)
-        except FileNotFoundError:
-            continue
-        data = data[: data.rfind(b"\n") + 1]
-        rows += scrape(data.decode(errors="replace").splitlines(), definitions, stamp)
-    return rows
+def scrape_files(paths: list[str], definitions) -> list[dict]:
+    """`scrape` over log files (complete lines only, merged in time order), each row with its line's time."""
+    return scrape(LogReader(paths).poll(final=True), definitions)
 
 
 def final_metric_data_list(rows: list[dict]) -> list[dict]:

@@ -21,6 +21,7 @@ from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import RankFailure, root_cause
 from trainyard.container.staging import list_channel, stage_channel
+from trainyard.sdk.joblog import LinePump, stamped
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import netem
@@ -30,13 +31,14 @@ from trainyard.sdk.store import healthy
 POLL_S = 0.1
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
 STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: time for torchrun to stop its workers and algo-1 to upload
+LOG_DRAIN_S = 10.0  # after the last process ended, how long the log pumps get to write what they read
 STORE_PING_S = 60.0  # keeps the embedded store from idling out while the job runs
 PR_SET_CHILD_SUBREAPER = 36  # prctl option, <linux/prctl.h>
 MOUNT_POINT = "/opt/ml"
 
 
 def _log(msg: str) -> None:
-    print(f"[trainyard] {msg}", flush=True)
+    print(stamped(f"[trainyard] {msg}"), flush=True)
 
 
 def set_subreaper() -> None:
@@ -97,6 +99,7 @@ class Supervisor:
         self.status = Status(f"{jobdir}/status.json")
         self.stop_reason: str | None = None  # "Stopped" or "MaxRuntimeExceeded"
         self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
+        self.pumps: list[LinePump] = []  # each driver's output, stamped, into logs/<host>.log
         self.exits: dict[str, int] = {}  # host -> exit status
         self.plan = None  # the emulated network's names and addresses, when the job has one
         self.relay = None
@@ -187,11 +190,17 @@ class Supervisor:
                 cmd = [*driver, "--root", hostdir]
             if self.plan is not None:
                 cmd = in_host(self.plan, i, cmd)
-            log = open(f"{self.jobdir}/logs/{host}.log", "ab")
-            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=hostdir)
-            log.close()
+            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, cwd=hostdir)
+            self.pumps.append(LinePump(p.stdout, f"{self.jobdir}/logs/{host}.log"))
             self.drivers[p.pid] = p
+
+    def drain_logs(self) -> None:
+        """Every line the processes wrote is in the log files before the job's outcome is recorded."""
+        deadline = time.monotonic() + LOG_DRAIN_S
+        for pump in self.pumps:
+            if not pump.join(max(0.0, deadline - time.monotonic())):
+                _log(f"warning: {pump.path} may miss its last lines (a process still holds its output open)")
 
     def reap(self) -> None:
         """Collect exited children: drivers (by pid) and orphans reparented to us."""
@@ -299,6 +308,7 @@ class Supervisor:
             outcome, reason = "Failed", f"{type(e).__name__}: {e}"
         finally:
             self.kill_everything()
+            self.drain_logs()
             try:
                 self.network_down()
             except Exception as e:  # never lose the job's final status over a cleanup error

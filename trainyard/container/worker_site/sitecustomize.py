@@ -5,8 +5,18 @@ own examples do) leaves the process group to the interpreter's teardown, where g
 running: the process then aborts ("terminate called without an active exception", SIGABRT) after its work
 is done, and the job fails. This calls `destroy_process_group()` at exit when the script did not, then runs
 the sitecustomize that this one hides on sys.path.
+
+It also makes every write to stdout and stderr a whole line. The driver sets PYTHONUNBUFFERED, under which
+`print` writes its text and its newline in two system calls; torchrun's log tailer then reads half a line
+and another rank's (or thread's) line lands in the middle of it. Line buffering keeps output as prompt (a
+write reaches the file at each newline) and hands the file one line per write.
 """
 import atexit
+import sys
+
+for _stream in (sys.stdout, sys.stderr):
+    if _stream is not None and hasattr(_stream, "reconfigure"):
+        _stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _end_process_group():

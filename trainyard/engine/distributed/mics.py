@@ -76,12 +76,12 @@ class HierarchicalAllGather(_TwoHop, AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
         if not self.spans(group):
-            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+            return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         k, m, n = self.k, self.m, input_tensor.numel()
         across = torch.empty(k * n, dtype=input_tensor.dtype, device=input_tensor.device)
-        dist.all_gather_into_tensor(across, input_tensor.reshape(-1), group=self.inter)
+        dist.all_gather_single(across, input_tensor.reshape(-1), group=self.inter)
         inside = torch.empty(m * k * n, dtype=input_tensor.dtype, device=input_tensor.device)
-        dist.all_gather_into_tensor(inside, across, group=self.intra)
+        dist.all_gather_single(inside, across, group=self.intra)
         output_tensor.view(k, m, n).copy_(inside.view(m, k, n).transpose(0, 1))
         return None  # done synchronously
 
@@ -93,15 +93,15 @@ class HierarchicalReduceScatter(_TwoHop, ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op=dist.ReduceOp.SUM, async_op: bool = False) -> dist.Work | None:
         if not self.spans(group):
-            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+            return dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         k, m, n = self.k, self.m, output_tensor.numel()
         # group order [h][j] -> [j][h]: rank j of the host receives the k chunks it reduces further
         by_local = input_tensor.view(k, m, n).transpose(0, 1).contiguous().view(-1)
         partial = torch.empty(k * n, dtype=input_tensor.dtype, device=input_tensor.device)
-        dist.reduce_scatter_tensor(partial, by_local, op=op, group=self.intra)
+        dist.reduce_scatter_single(partial, by_local, op=op, group=self.intra)
         # SUM and AVG compose over the two hops; a pre-multiplied sum is applied once, in hop 1
         second = op if op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) else dist.ReduceOp.SUM
-        dist.reduce_scatter_tensor(output_tensor.view(-1), partial, op=second, group=self.inter)
+        dist.reduce_scatter_single(output_tensor.view(-1), partial, op=second, group=self.inter)
         return None
 
 

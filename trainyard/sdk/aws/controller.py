@@ -29,6 +29,7 @@ from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
 from trainyard.sdk.aws.provision import Cluster, Ledger
 from trainyard.sdk.aws.userdata import render_user_data
+from trainyard.sdk.joblog import stamped
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 
 LOG_GROUP = "/trainyard/jobs"
@@ -41,7 +42,7 @@ INTERRUPT_GRACE_S = 150  # a spot notice comes two minutes before the instance i
 
 
 def _log(msg: str) -> None:
-    print(f"[trainyard {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    print(stamped(f"[trainyard] {msg}"), flush=True)
 
 
 class Controller:
@@ -87,7 +88,7 @@ class Controller:
                     if "ResourceNotFound" not in str(e):
                         _log(f"reading {stream} from CloudWatch Logs failed: {e}")
                     break
-                lines += [event["message"].rstrip("\n") for event in reply["events"]]
+                lines += [stamped(event["message"].rstrip("\n"), event["timestamp"] / 1000) for event in reply["events"]]
                 token = reply.get("nextForwardToken")
                 if not reply["events"] or token == self.log_tokens.get(host):
                     self.log_tokens[host] = token
