@@ -291,5 +291,35 @@ def test_export_consolidates_into_safetensors(tmp_path, capsys):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     assert main(["checkpoint", "export", ckpt.step_uri(uri, 1), str(tmp_path / "one")]) == 0
     assert __import__("json").loads((tmp_path / "one" / "config.json").read_text())["step"] == 1
+    (tmp_path / "nothing").mkdir()
     assert main(["checkpoint", "export", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "no committed checkpoint" in capsys.readouterr().err
+
+
+def test_export_says_what_is_wrong_with_the_uri(tmp_path, capsys, s3_bucket):
+    from trainyard.engine.components.export import resolve_step
+    from trainyard.sdk.cli import main
+
+    (tmp_path / "empty").mkdir()
+    _fake_step(str(tmp_path / "half"), 3, committed=False)
+    for uri, says in [
+        ("s3:/bucket/ckpt", "'s3:/bucket/ckpt' is not a valid URI: write s3://, two slashes after the scheme "
+                            "(e.g. 's3://bucket/ckpt')"),
+        ("s3://", "'s3://' names no bucket"),
+        ("gs://bucket/ckpt", "scheme gs:// is not supported"),
+        (str(tmp_path / "missing"), "does not exist on this machine"),
+        (f"file://{tmp_path}/missing", "does not exist on this machine"),
+        ("s3://no-such-bucket/ckpt", "bucket 'no-such-bucket' does not exist"),
+        (str(tmp_path / "empty"), "no committed checkpoint under"),
+        (str(tmp_path / "half"), "its 1 step(s) are not committed or do not verify"),
+        (str(tmp_path / "half" / "step-00000003"), "holds no committed step (no .metadata"),
+        (f"s3://{s3_bucket}/none", "nothing named step-* is under it"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            resolve_step(uri)
+        assert says in str(e.value), (uri, str(e.value))
+        if "no committed step" not in says and "no-such-bucket" not in uri:  # and what a valid one looks like
+            assert "'s3://bucket/prefix'" in str(e.value) and "step-00000100" in str(e.value), str(e.value)
+    # the CLI says it (exit 2) instead of only "no committed checkpoint"
+    assert main(["checkpoint", "export", "s3:/bucket/ckpt", str(tmp_path / "out")]) == 2
+    assert "two slashes after the scheme" in capsys.readouterr().err

@@ -42,6 +42,50 @@ def test_invalid_hyperparameters_are_named(argv, match):
         parse_hyperparameters(argv)
 
 
+@pytest.mark.parametrize("argv,named", [
+    (["--global_batch_sise", "16"], "--global_batch_sise (did you mean '--global_batch_size'?)"),
+    (["--global-batch-sise=16"], "--global-batch-sise (did you mean '--global_batch_size'?)"),
+    (["--checkpoint_asynch", "false", "--zzz", "1"],
+     "--checkpoint_asynch (did you mean '--checkpoint_async'?), --zzz;"),
+])
+def test_unknown_hyperparameters_suggest_the_closest(argv, named):
+    with pytest.raises(ValueError) as e:
+        parse_hyperparameters(argv)
+    assert str(e.value).startswith("unknown hyperparameter(s) " + named)
+    with pytest.raises(ValueError, match="stray argument"):
+        parse_hyperparameters(["16"])
+
+
+@pytest.mark.parametrize("distribution,named", [
+    ({"tensor_paralel_degree": 2}, "'tensor_paralel_degree' (did you mean 'tensor_parallel_degree'?)"),
+    ({"pipline_schedule": "gpipe"}, "'pipline_schedule' (did you mean 'pipeline_schedule'?)"),
+    ({"mics": {"partition_size": 2}}, "'mics.partition_size' (did you mean 'mics.partition_group_size'?)"),
+    ({"deepspeed": {}}, "'deepspeed'; known:"),
+])
+def test_unknown_distribution_keys_name_the_path_and_the_closest(distribution, named):
+    from trainyard.engine.distributed.parallelism import Parallelism
+
+    with pytest.raises(ValueError) as e:
+        Parallelism.parse(distribution)
+    assert str(e.value).startswith("distribution: unknown key(s) " + named)
+    with pytest.raises(ValueError, match="mics must be a dict"):
+        Parallelism.parse({"mics": 2})
+
+
+def test_docs_table_lists_every_hyperparameter_with_its_default():
+    """docs/engine.md's hyperparameter table: one row per TrainConfig field, its default as written there."""
+    import dataclasses
+    import os
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "engine.md")) as fh:
+        rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", fh.read(), re.M))
+    for f in dataclasses.fields(TrainConfig):
+        assert f.name in rows, f"docs/engine.md: no row for the hyperparameter {f.name}"
+        want = '""' if f.default == "" else str(f.default).lower() if isinstance(f.default, bool) else str(f.default)
+        assert rows[f.name] == want, f"docs/engine.md: {f.name} default {rows[f.name]!r}, TrainConfig says {want!r}"
+
+
 def test_batch_split_error_names_numbers_and_fix():
     cfg = TrainConfig(global_batch_size=8, micro_batch_size=2)
     assert cfg.accumulation(1) == 4 and cfg.accumulation(4) == 1

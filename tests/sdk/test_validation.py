@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from trainyard import Estimator, TrainingInput
+from trainyard import Estimator, FileSystemInput, HuggingFace, LocalSession, PyTorch, Session, TrainingInput
 from trainyard.job.errors import ConfigError
 from trainyard.sdk.jobstate import jobs_root
 
@@ -94,6 +94,10 @@ def test_max_run(src, max_run):
 
 def test_distribution_and_environment(src):
     _refused("distribution", _est, src, distribution={"deepspeed": {}})
+    msg = _refused("distribution", _est, src, distribution={"tensor_paralel_degree": 2})
+    assert "unknown key(s) 'tensor_paralel_degree' (did you mean 'tensor_parallel_degree'?)" in msg
+    msg = _refused("distribution", _est, src, distribution={"mics": {"partition_size": 2}})
+    assert "unknown key(s) 'mics.partition_size' (did you mean 'mics.partition_group_size'?)" in msg
     # partition groups that neither fit in a host nor span whole hosts, or do not divide the world
     msg = _refused("distribution", _est, src, instance_count=3, processes_per_host=2,
                    distribution={"mics": {"partition_group_size": 3}})
@@ -157,8 +161,42 @@ def test_bad_job_name(src, nothing_started):
     _refused("base_job_name", _est, src, base_job_name="-x")
 
 
+@pytest.mark.parametrize("make,wrong,right", [
+    (lambda src, **kw: Estimator(entry_point="train.py", source_dir=src, **kw), "instance_cout", "instance_count"),
+    (lambda src, **kw: PyTorch(entry_point="train.py", source_dir=src, **kw), "framwork_version",
+     "framework_version"),
+    (lambda src, **kw: HuggingFace(entry_point="train.py", source_dir=src, **kw), "transformer_version",
+     "transformers_version"),
+    (lambda src, **kw: PyTorch(entry_point="train.py", source_dir=src, **kw), "keep_alive_period",
+     "keep_alive_period_in_seconds"),  # an argument accepted with no effect is suggested too
+    (lambda src, **kw: _est(src).fit(**kw), "job_nmae", "job_name"),
+    (lambda src, **kw: TrainingInput("s3://bucket/x", **kw), "distrbution", "distribution"),
+    (lambda src, **kw: FileSystemInput("fs-0123456789abcdef0", **kw), "directory", "directory_path"),
+    (lambda src, **kw: Session(**kw), "default_bukcet", "default_bucket"),
+    (lambda src, **kw: LocalSession(**kw), "default_bucket_prefx", "default_bucket_prefix"),
+])
+def test_unknown_keyword_suggests_the_closest_argument(src, make, wrong, right, nothing_started):
+    with pytest.raises(TypeError) as e:  # a TypeError, as Python's own, and a ConfigError naming the keyword
+        make(src, **{wrong: "x"})
+    assert isinstance(e.value, ConfigError) and e.value.field == wrong
+    assert str(e.value).startswith(f"{wrong}: ") and f"did you mean {right!r}?" in str(e.value)
+
+
+def test_unknown_keywords_without_a_close_name_and_sagemakers_own_are_accepted(src):
+    msg = _refused("zzz, instance_cout", _est, src, zzz=1, instance_cout=2)
+    assert "Estimator() got unexpected keyword arguments" in msg and \
+        "did you mean 'instance_count' for 'instance_cout'?" in msg and "docs/sdk.md" in msg
+    assert "PyTorch()" in _refused("zzz", PyTorch, entry_point="train.py", source_dir=src, zzz=1)
+    assert "it takes: boto_session, default_bucket," in _refused("zzz", LocalSession, zzz=1)
+    # SageMaker's Session keywords, and its positional order (default_bucket fifth)
+    s = Session(None, None, None, None, "my-bucket", None, None, {"SchemaVersion": "1.0"}, "team")
+    assert (s.default_bucket(), s.default_bucket_prefix) == ("my-bucket", "team")
+    Session(sagemaker_featurestore_runtime_client=None, settings=None, sagemaker_metrics_client=None)
+
+
 @pytest.mark.parametrize("hps,text", [
-    ({"stepz": 3}, "--stepz"),
+    ({"stepz": 3}, "--stepz (did you mean '--steps'?)"),
+    ({"global_batch_sise": 16}, "--global_batch_sise (did you mean '--global_batch_size'?)"),
     ({"model": "huge"}, "unknown model 'huge'"),
     ({"steps": 0}, "steps must be >= 1"),
     ({"global_batch_size": 6, "micro_batch_size": 2}, "multiple of 8"),

@@ -15,6 +15,7 @@ from trainyard.engine.components.data import TOKEN_DTYPES
 from trainyard.engine.distributed.layout import check_pipeline, check_tp
 from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
+from trainyard.engine.suggest import did_you_mean
 
 DTYPES = ("auto", "float32", "bfloat16")
 
@@ -175,11 +176,12 @@ def parse_hyperparameters(argv: list[str]) -> TrainConfig:
         flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
         parser.add_argument(*flags, dest=name, metavar="VALUE", default=None)
     args, unknown = parser.parse_known_args(argv)
+    names = [t[2:].split("=", 1)[0] for t in unknown if t.startswith("--")]
+    if names:
+        named = ", ".join(f"--{n}{did_you_mean(n.replace('-', '_'), _FIELD_TYPES, prefix='--')}" for n in names)
+        raise ValueError(f"unknown hyperparameter(s) {named}; known: {', '.join(sorted(_FIELD_TYPES))}")
     if unknown:
-        raise ValueError(
-            f"unknown hyperparameter(s) or stray argument(s): {' '.join(unknown)}; "
-            f"known: {', '.join(sorted(_FIELD_TYPES))}"
-        )
+        raise ValueError(f"stray argument(s) {' '.join(unknown)}: hyperparameters are given as --name value")
     values = {name: _convert(name, _FIELD_TYPES[name], raw) for name, raw in vars(args).items() if raw is not None}
     return TrainConfig(**values)
 

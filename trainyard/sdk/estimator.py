@@ -14,7 +14,9 @@ all checks pass.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import os
 import re
 import subprocess
@@ -27,7 +29,7 @@ from trainyard.container.contract import user_args
 from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog
 from trainyard.job.distribution import normalize
-from trainyard.job.errors import ConfigError
+from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.spec import BUILTIN_TRAINER, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME, JobSpec, build_spec
 from trainyard.job.uris import check_storage_uri, join
 from trainyard.sdk import packaging, terraform
@@ -125,10 +127,9 @@ class Estimator:
         recipe_overrides: dict | None = None,
         **sagemaker_only,
     ):
-        unknown = sorted(set(sagemaker_only) - set(INERT_UNLESS))
-        if unknown:
-            raise TypeError(f"Estimator() got unexpected keyword argument(s) {unknown}: neither SageMaker's nor "
-                            "Trainyard's (see docs/sdk.md for the accepted ones)")
+        unknown = [k for k in sagemaker_only if k not in INERT_UNLESS]
+        if unknown:  # a TypeError (as Python's own) naming the closest argument
+            raise UnknownArgumentError(f"{type(self).__name__}()", unknown, _arguments(type(self)))
         if training_recipe is not None or recipe_overrides:
             raise ConfigError("training_recipe", "SageMaker HyperPod recipes are not run by Trainyard; give an "
                                                  "entry_point (e.g. 'trainyard.engine.train') and hyperparameters")
@@ -257,6 +258,7 @@ class Estimator:
         raise NotImplementedError("Trainyard trains; it does not host endpoints. Load model_data "
                                   f"({self.model_data}) with your serving stack")
 
+    @known_keywords
     def fit(self, inputs=None, wait: bool = True, logs="All", job_name: str | None = None,
             experiment_config: dict | None = None, dry_run: bool = False):
         """Check the inputs, ask the backend for its plan, package and upload the code, start the job; with
@@ -342,6 +344,19 @@ class Estimator:
         est.base_job_name = training_job_name
         est.latest_training_job = job
         return est
+
+
+@functools.cache
+def _arguments(cls: type) -> frozenset[str]:
+    """Every keyword `cls(...)` takes: the named parameters of its and its Estimator bases' `__init__`,
+    and the SageMaker arguments accepted with no effect."""
+    names = set(INERT_UNLESS)
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and issubclass(klass, Estimator):
+            names |= {p.name for p in inspect.signature(init).parameters.values()
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return frozenset(names - {"self"})
 
 
 def _asks_nothing(value: Any, defaults: tuple) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from trainyard.job.errors import ConfigError
+from trainyard.job.errors import ConfigError, known_keywords
 from trainyard.job.spec import Channel
 from trainyard.job.uris import check_storage_uri
 
@@ -14,6 +14,7 @@ DEFAULT_CHANNEL = "training"  # SageMaker's channel name when `inputs` is a sing
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 
 
+@known_keywords  # a mistyped argument names the closest one
 @dataclass(frozen=True, slots=True)
 class TrainingInput:
     """One channel's data, with SageMaker's arguments and defaults: `s3_data` is an `s3://` prefix or a
@@ -62,6 +63,7 @@ class TrainingInput:
         return out
 
 
+@known_keywords
 @dataclass(frozen=True, slots=True)
 class ShuffleConfig:
     """SageMaker's shuffle of a channel's objects for Pipe mode; accepted in `TrainingInput`, no effect in
@@ -70,6 +72,7 @@ class ShuffleConfig:
     seed: int
 
 
+@known_keywords
 @dataclass(frozen=True, slots=True)
 class FileSystemInput:
     """A channel read from FSx for Lustre (EC2 jobs): the file system is mounted on every host and the

@@ -1,8 +1,9 @@
 """The local backend: every host is a group of processes on this machine, supervised per job.
 
 `LocalBackend` is the backend protocol's (sdk/backends.py) local implementation: `plan` checks the channels
-and buckets on the job's endpoint, `launch` uploads the code, creates the job folder (see `jobstate.py`) and
-starts the detached supervisor (`supervisor.py`); `LocalJob` reads the folder.
+and buckets on the job's endpoint (reads only), `launch` creates the buckets the job writes to (on the
+embedded store only), uploads the code, creates the job folder (see `jobstate.py`) and starts the detached
+supervisor (`supervisor.py`); `LocalJob` reads the folder.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 from trainyard.job import storage
 from trainyard.job.errors import ConfigError
-from trainyard.job.spec import JobSpec, build_spec
-from trainyard.job.uris import split_s3
+from trainyard.job.spec import BUILTIN_TRAINER, JobSpec, build_spec
+from trainyard.job.uris import check_s3_uri, split_s3
 from trainyard.sdk.job import TrainingJob
 from trainyard.sdk.jobstate import Status, job_dir, write_json
 from trainyard.sdk.store import Endpoint, ensure_store, trainyard_home
@@ -63,9 +64,8 @@ class LocalBackend:
         self.endpoint = ensure_store()
         with storage_env(self.endpoint.env()):
             for ch in spec.channels:
-                if ch.uri.startswith("s3://") and not storage.list_files(ch.uri):
-                    raise ConfigError(f"inputs.{ch.name}", f"nothing found at {ch.uri}; upload the data first "
-                                                           "or fix the URI")
+                if ch.uri.startswith("s3://"):
+                    check_channel(f"inputs.{ch.name}", ch.uri)
             if not self.endpoint.embedded:
                 for field in ("output_path", "checkpoint_s3_uri"):
                     check_bucket(field, getattr(spec, field))
@@ -73,6 +73,8 @@ class LocalBackend:
 
     def launch(self, spec: JobSpec, plan: LocalPlan, upload_code) -> LocalJob:
         with storage_env(self.endpoint.env()):
+            if self.endpoint.embedded:  # every check has passed: now the job's buckets may be created
+                create_buckets(written_buckets(spec))
             spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec)})
         return launch(spec, self.endpoint)
 
@@ -99,6 +101,58 @@ def launch(spec: JobSpec, endpoint: Endpoint) -> LocalJob:
         subprocess.Popen([sys.executable, "-m", "trainyard.sdk.supervisor", jobdir], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     return LocalJob(spec.job_name)
+
+
+def check_channel(field: str, uri: str) -> None:
+    """An `s3://` channel holds objects on the job's endpoint (a read: nothing is created)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        found = storage.list_files(uri)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") not in ("NoSuchBucket", "404", "NotFound"):
+            raise
+        raise ConfigError(field, f"bucket {split_s3(uri)[0]!r} of {uri} does not exist; upload the data first "
+                                 "(e.g. Session().upload_data) or fix the URI") from None
+    if not found:
+        raise ConfigError(field, f"nothing found at {uri}; upload the data first or fix the URI")
+
+
+def written_buckets(spec: JobSpec) -> list[str]:
+    """The buckets a job writes to: output_path's, checkpoint_s3_uri's, and the built-in trainer's
+    `checkpoint_uri` hyperparameter's (a malformed one is left to the trainer to report). The code
+    upload's bucket (code_location, default output_path) is created by the write itself."""
+    uris = [spec.output_path, spec.checkpoint_s3_uri]
+    if spec.entry_kind == "module" and spec.entry_point == BUILTIN_TRAINER:
+        uris.append(spec.hyperparameters.get("checkpoint_uri"))
+    buckets = []
+    for uri in uris:
+        try:
+            check_s3_uri("uri", uri)
+        except ConfigError:
+            continue  # not s3:// (file://, none), or malformed
+        if split_s3(uri)[0] not in buckets:
+            buckets.append(split_s3(uri)[0])
+    return buckets
+
+
+def create_buckets(buckets: list[str]) -> None:
+    """Create the missing ones of `buckets` on this process's endpoint. Only for the embedded store:
+    Trainyard never creates buckets on an endpoint the user configured or on real S3."""
+    from botocore.exceptions import ClientError
+
+    s3 = storage.s3_client()
+    for bucket in buckets:
+        try:
+            s3.head_bucket(Bucket=bucket)
+            continue
+        except ClientError:
+            pass
+        try:
+            s3.create_bucket(Bucket=bucket)
+        except ClientError as e:  # another job made it meanwhile
+            if e.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
 
 
 def check_bucket(field: str, uri: str | None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from trainyard.job import storage
-from trainyard.job.errors import ConfigError
+from trainyard.job.errors import ConfigError, known_keywords
 from trainyard.job.uris import join
 from trainyard.sdk.local import storage_env
 from trainyard.sdk.store import DEFAULT_BUCKET, ensure_store
@@ -22,12 +22,16 @@ LOCAL_ROLE = "arn:aws:iam::000000000000:role/trainyard-local"
 
 class Session:
     """`trainyard.Session()`: the embedded store when no boto3 session is given and no AWS endpoint or
-    credentials point elsewhere; `Session(boto_session=boto3.Session(...))` for real S3."""
+    credentials point elsewhere; `Session(boto_session=boto3.Session(...))` for real S3. SageMaker's
+    arguments in SageMaker's order; the clients, `settings` and `sagemaker_config` are accepted and unused."""
 
     local = False
 
+    @known_keywords
     def __init__(self, boto_session=None, sagemaker_client=None, sagemaker_runtime_client=None,
-                 default_bucket: str | None = None, default_bucket_prefix: str | None = None, **_ignored):
+                 sagemaker_featurestore_runtime_client=None, default_bucket: str | None = None, settings=None,
+                 sagemaker_metrics_client=None, sagemaker_config: dict | None = None,
+                 default_bucket_prefix: str | None = None):
         self.boto_session = boto_session
         self._default_bucket = default_bucket
         self.default_bucket_prefix = default_bucket_prefix
@@ -141,9 +145,10 @@ class LocalSession(Session):
 
     local = True
 
+    @known_keywords
     def __init__(self, boto_session=None, default_bucket: str | None = None, s3_endpoint_url: str | None = None,
                  disable_local_code: bool = False, sagemaker_config: dict | None = None,
-                 default_bucket_prefix: str | None = None, **_ignored):
+                 default_bucket_prefix: str | None = None):
         super().__init__(boto_session=None, default_bucket=default_bucket, default_bucket_prefix=default_bucket_prefix)
         self.s3_endpoint_url = s3_endpoint_url
 

@@ -29,7 +29,8 @@ class Endpoint:
     url: str | None
     """S3 endpoint URL; None means real AWS."""
     embedded: bool
-    """True when it is Trainyard's own store (buckets are created on first use)."""
+    """True when it is Trainyard's own store (the only one where buckets are created: by a write to one,
+    and by `fit()` for those its job writes to)."""
 
     def env(self) -> dict[str, str]:
         """Variables that point boto3 and s3fs in a job's processes at this endpoint."""

@@ -7,7 +7,11 @@ moto keeps objects in memory; this wrapper makes it behave like a store:
 - write-through persistence: after every successful mutating request, the touched bucket's objects are
   reconciled with `<root>/objects/` (content-addressed blobs) and `<root>/buckets/<bucket>.json` (the
   index), before the response goes back; a restarted server reloads them;
-- buckets named in requests are created on first use, as SageMaker's default bucket would be;
+- a write of an object (PUT, or a multipart upload's POST) to a missing bucket creates the bucket first,
+  so jobs and scripts can write to `s3://any-new-bucket/...`; every other request (GET, HEAD, a listing,
+  a DELETE) of a missing bucket is answered as S3 answers it (NoSuchBucket) and creates nothing, so a
+  check that reads never leaves a bucket behind (the SDK creates the buckets a job writes to, after
+  `fit()`'s checks: sdk/local.py);
 - `GET /_trainyard/health` answers with the server's pid and root;
 - it exits after `--idle-timeout` seconds without a request (jobs ping it while they run).
 """
@@ -132,9 +136,11 @@ class DiskMirror:
 
 
 class StoreApp:
-    """WSGI middleware around moto: health, bucket creation on first use, write-through persistence."""
+    """WSGI middleware around moto: health, bucket creation on an object's first write, write-through
+    persistence."""
 
     MUTATING = ("PUT", "POST", "DELETE")
+    WRITES_OBJECT = ("PUT", "POST")  # with a key: PutObject, CopyObject, multipart uploads
 
     def __init__(self, app, mirror: DiskMirror, root: str):
         self.app = app
@@ -151,7 +157,7 @@ class StoreApp:
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
         bucket, _, key = path.lstrip("/").partition("/")
-        if bucket and (key or method not in ("PUT", "DELETE")):
+        if bucket and key and method in self.WRITES_OBJECT:
             be = _backend()
             if bucket not in be.buckets and not bucket.startswith("_") and not bucket.startswith("moto-api"):
                 with self.mirror.lock:

@@ -17,16 +17,57 @@ MODEL_PREFIX = "app.model."
 MODEL_CONFIG_FILE = "model.json"  # written next to the shards by the save (see checkpoint.py)
 
 
-def resolve_step(uri: str) -> tuple[str, int]:
-    """(step prefix, step) for a checkpoint location or a step prefix."""
+# what the errors say a valid URI looks like
+VALID = ("a checkpoint location, 's3://bucket/prefix' (the job's checkpoint_s3_uri) or a local folder, or one "
+         "step in it ('.../step-00000100')")
+
+
+def check_location(uri: object) -> str:
+    """`uri` as a location to read from, or ValueError saying what is wrong with it and what a valid one
+    looks like: a malformed `s3:` URI, a bucket that does not exist, a local path that does not exist."""
     from trainyard.engine.components import checkpoint as ckpt
 
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValueError(f"checkpoint URI {uri!r} is empty; give {VALID}")
+    scheme, sep, rest = uri.partition("://")
+    if not sep and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri) and not os.path.exists(uri):  # `s3:/b`, `s3:b`
+        scheme = uri.split(":", 1)[0]
+        raise ValueError(f"{uri!r} is not a valid URI: write {scheme}://, two slashes after the scheme "
+                         f"(e.g. '{scheme}://{uri.split(':', 1)[1].lstrip('/') or 'bucket/prefix'}'); give {VALID}")
+    if sep and scheme not in ("s3", "file"):
+        raise ValueError(f"{uri!r}: scheme {scheme}:// is not supported; give {VALID}")
+    if scheme == "s3" and sep:
+        bucket = rest.split("/", 1)[0]
+        if not bucket:
+            raise ValueError(f"{uri!r} names no bucket; give {VALID}")
+        ckpt.validate_uri(uri)  # the bucket exists (ValueError naming it and AWS_ENDPOINT_URL otherwise)
+        return uri
+    path = rest if sep else uri
+    if not os.path.exists(path):
+        raise ValueError(f"{uri!r} does not exist on this machine; give {VALID}")
+    return uri
+
+
+def resolve_step(uri: str) -> tuple[str, int]:
+    """(step prefix, step) for a checkpoint location or a step prefix; ValueError saying what is wrong
+    with a malformed or missing location, or one that holds no committed step."""
+    from trainyard.engine.components import checkpoint as ckpt
+
+    check_location(uri)
     match = re.search(rf"/{ckpt.STEP_PREFIX}(\d+)/?$", uri)
     if match:
-        return uri.rstrip("/"), int(match.group(1))
+        step_path = uri.rstrip("/")
+        fs, path = ckpt._fs(step_path)
+        if not fs.exists(f"{path}/{ckpt.COMMIT_MARKER}"):
+            raise ValueError(f"{step_path} holds no committed step (no {ckpt.COMMIT_MARKER}: missing, or its save "
+                             "did not finish); give the checkpoint location to take its newest committed step")
+        return step_path, int(match.group(1))
     step = ckpt.newest_verified_step(uri)
     if step is None:
-        raise ValueError(f"no committed checkpoint under {uri}")
+        steps = ckpt.list_steps(uri)
+        what = (f"its {len(steps)} step(s) are not committed or do not verify" if steps else
+                f"nothing named {ckpt.STEP_PREFIX}* is under it")
+        raise ValueError(f"no committed checkpoint under {uri}: {what}; give {VALID}")
     return ckpt.step_uri(uri, step), step
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.layout import PIPELINE_SCHEDULES, check_pipeline
+from trainyard.engine.suggest import did_you_mean
 
 MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync")
 AC_MODES = ("none", "full", "selective")
@@ -135,14 +136,19 @@ class Parallelism:
     def parse(cls, distribution: dict[str, Any] | None) -> "Parallelism":
         """The typed value of a `distribution` in any accepted form (ValueError naming the key otherwise)."""
         distribution = dict(distribution or {})
-        unknown = sorted(set(distribution) - set(_TYPED_KEYS) - set(_LAUNCHER_KEYS))
+        unknown = [k for k in distribution if k not in _TYPED_KEYS and k not in _LAUNCHER_KEYS]
         if unknown:
-            raise ValueError(f"distribution: unknown key(s) {unknown}; known: {sorted(_TYPED_KEYS)} and SageMaker's "
+            named = ", ".join(f"{k!r}{did_you_mean(str(k), _TYPED_KEYS + _LAUNCHER_KEYS)}" for k in unknown)
+            raise ValueError(f"distribution: unknown key(s) {named}; known: {sorted(_TYPED_KEYS)} and SageMaker's "
                              f"{sorted(_LAUNCHER_KEYS)}")
-        mics = dict(distribution.pop("mics", None) or {})
-        bad = sorted(set(mics) - set(MICS_KEYS))
+        mics = distribution.pop("mics", None) or {}
+        if not isinstance(mics, dict):
+            raise ValueError(f"distribution: mics must be a dict of {list(MICS_KEYS)}, got {mics!r}")
+        bad = [k for k in mics if k not in MICS_KEYS]
         if bad:
-            raise ValueError(f"distribution: mics: unknown key(s) {bad}; known: {list(MICS_KEYS)}")
+            named = ", ".join(f"'mics.{k}'{did_you_mean(str(k), MICS_KEYS, prefix='mics.')}" for k in bad)
+            raise ValueError(f"distribution: unknown key(s) {named}; known in mics: {list(MICS_KEYS)}")
+        mics = dict(mics)
         smp = (distribution.get("smdistributed") or {}).get("modelparallel") or {}
         if smp.get("enabled"):
             mapped_mics, mapped = _from_smp(smp.get("parameters") or {})
