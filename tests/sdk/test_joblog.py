@@ -64,3 +64,9 @@ def test_scraped_metrics_carry_the_time_of_their_line(tmp_path):
     os.utime(log, (5000, 5000))
     rows = scrape_files([str(log)], [{"Name": "loss", "Regex": "^loss=([0-9.]+)"}])  # anchored after the prefix
     assert [(round(r["timestamp"]), r["loss"]) for r in rows] == [(1000, 2.5), (1010, 1.5)]
+
+
+def test_an_older_jobs_unstamped_file_reads_as_it_is(tmp_path):
+    old = tmp_path / "algo-1.log"
+    old.write_text("[algo-1/0] step 1\n[algo-1/0] step 2\n")
+    assert LogReader([str(old)]).poll(final=True) == ["[algo-1/0] step 1", "[algo-1/0] step 2"]

@@ -9,7 +9,8 @@ The writers stamp a line when it reaches them: the local supervisor reads each d
 pipe (`LinePump`, one thread per host, whole lines only, so two writers never share a line), the EC2
 controller stamps each CloudWatch event with the event's own time. Readers (`LogReader`) merge the files by
 time; the text after the stamp is what the process printed, so metric regexes see the line as on SageMaker.
-A line without a stamp (written by an older Trainyard) takes the time of the line before it in its file.
+A line without a stamp (a traceback the supervisor itself printed) takes the time of the line before it in
+its file; a file with no stamp at all (a job of an older Trainyard) keeps its lines as they are, first.
 """
 from __future__ import annotations
 
@@ -102,8 +103,9 @@ class LogReader:
             self.offsets[path] += end
             for line in data[:end].decode(errors="replace").splitlines():
                 t, text = parse(line)
-                if t is None:  # unstamped: it follows the line before it in its own file
-                    t, line = self.last_time[path], stamped(text, self.last_time[path] or None)
+                if t is None:  # unstamped: it follows the line before it in its own file, with its time
+                    t = self.last_time[path]
+                    line = stamped(text, t) if t else text  # none before it (an older job's file): as it is
                 self.last_time[path] = t
                 self.pending.append((t, self.arrivals, line))
                 self.arrivals += 1

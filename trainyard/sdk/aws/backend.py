@@ -18,7 +18,7 @@ from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_
 from trainyard.sdk.job import TrainingJob
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.job.uris import join, split_s3
-from trainyard.sdk.aws.preflight import preflight
+from trainyard.sdk.aws.preflight import new_session, preflight
 from trainyard.sdk.aws.provision import Cluster, Ledger, find_tagged
 from trainyard.sdk.aws.userdata import render_user_data
 
@@ -53,9 +53,7 @@ class Ec2Backend:
     name = "ec2"
 
     def __init__(self, session=None, say=print):
-        import boto3
-
-        self.session = session or boto3.Session()
+        self.session = session or new_session()  # region and credentials: checked first thing by plan()
         self.say = say
 
     job_class = Ec2Job

@@ -36,6 +36,10 @@ _ECR = re.compile(r"^(?P<acct>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazona
 # FSx states in which a file system will never serve a mount
 _FSX_DEAD = ("FAILED", "DELETING", "MISCONFIGURED")
 MAX_TAGS = 50  # EC2 and IAM: tags per resource
+# botocore reads AWS_DEFAULT_REGION only; Trainyard reads AWS_REGION first (as the AWS CLI v2 does)
+NO_REGION = "no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION) or"
+NO_CREDENTIALS = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run "
+                  "aws configure")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,18 +141,54 @@ def prices() -> dict:
     return json.loads(resources.files("trainyard.job").joinpath("catalog/prices.json").read_text())
 
 
+def new_session(region: str | None = None):
+    """A boto3.Session in `region`, else AWS_REGION, else boto3's own lookup (AWS_DEFAULT_REGION, the
+    profile's region). A profile named by AWS_PROFILE that does not exist is a ConfigError."""
+    import boto3
+    from botocore.exceptions import ProfileNotFound
+
+    try:
+        return boto3.Session(region_name=region or os.environ.get("AWS_REGION") or None)
+    except ProfileNotFound as e:
+        raise ConfigError("credentials", f"{e} (AWS_PROFILE={os.environ.get('AWS_PROFILE', '')}): set AWS_PROFILE "
+                          "to a profile of ~/.aws/config, or unset it") from None
+
+
+def check_session(session, *, how: str = "pass --region", need_region: bool = True) -> None:
+    """A missing region or missing credentials, found before the first call, as a ConfigError that says what
+    to set (`how`: the caller's own way to give a region)."""
+    from botocore.exceptions import PartialCredentialsError
+
+    if need_region and not session.region_name:
+        raise ConfigError("region", f"{NO_REGION} {how}")
+    try:
+        credentials = session.get_credentials()
+    except PartialCredentialsError as e:
+        raise ConfigError("credentials", f"{NO_CREDENTIALS} ({e})") from None
+    if credentials is None:
+        raise ConfigError("credentials", NO_CREDENTIALS)
+
+
+def aws_config_error(e: Exception, how: str = "pass --region") -> ConfigError | None:
+    """botocore's NoRegionError, NoCredentialsError and PartialCredentialsError, raised past `check_session`
+    (credentials that went away mid-command), as the same ConfigError; None for any other error."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
+
+    if isinstance(e, NoRegionError):
+        return ConfigError("region", f"{NO_REGION} {how}")
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+        return ConfigError("credentials", NO_CREDENTIALS)
+    return None
+
+
 def preflight(spec, *, session=None) -> Plan:
     """Check `spec` (a JobSpec for an EC2 instance type) in the session's region and return its Plan.
     `session`: a boto3.Session (default: a new one, region and credentials from the environment)."""
     if catalog.lookup(spec.instance_type).is_local:
         raise ConfigError("instance_type", "'local' runs on this machine; preflight is for EC2 instance types")
-    import boto3
-
-    session = session or boto3.Session()
+    session = session or new_session()
+    check_session(session, how="pass boto_session=boto3.Session(region_name=...)")
     region = session.region_name
-    if not region:
-        raise ConfigError("region", "no AWS region configured: set AWS_DEFAULT_REGION (or region in "
-                          "~/.aws/config, or pass a boto3.Session(region_name=...))")
     ec2, notes = session.client("ec2"), []
     _check_tags(spec)
     facts = _instance_facts(ec2, spec.instance_type, region)
