@@ -32,6 +32,9 @@ def store_command(a) -> int:
         else:
             ep = ensure_store()
             print(f"{ep.url}\t{'embedded, objects under ' + store_root() if ep.embedded else 'AWS_ENDPOINT_URL'}")
+            if ep.embedded:
+                print('boto3, the AWS CLI and s3fs reach it with its keys: eval "$(trainyard store creds)"',
+                      file=sys.stderr)
         return 0
     if a.store_cmd == "creds":
         return creds(a.json)
@@ -75,7 +78,8 @@ def _buckets(ep: Endpoint) -> list[dict]:
 def _require_bucket(ep: Endpoint, field: str, uri: str, *, create: bool = False) -> tuple[str, str]:
     """(bucket, key) of `uri`, whose bucket must exist (with `create`, the embedded store makes it).
 
-    Existence is read from ListBuckets: the embedded store creates a bucket on any request naming it."""
+    Existence is read from ListBuckets, which works the same on any endpoint (a HEAD of a missing bucket
+    answers a bare 404)."""
     check_s3_uri(field, uri)
     bucket, key = split_s3(uri)
     if bucket not in {b["Name"] for b in _buckets(ep)}:
