@@ -170,3 +170,26 @@ def leftovers(job: str) -> dict[str, list]:
     found = find_tagged(boto3.Session(), job)
     found["instance"] = [i for i in found["instance"] if i["state"] != "terminated"]
     return {k: v for k, v in found.items() if v}
+
+
+def reachable_vpc(vpc: str | None = None, region: str = "us-east-1") -> str:
+    """Give a VPC (default: the default VPC) what a user's subnets need to pass preflight's reachability check
+    (a network a platform team would have set up): an S3 gateway endpoint on its main route table and interface
+    endpoints with private DNS for ecr.api, ecr.dkr, logs and ec2. Returns the VPC's id. Idempotent."""
+    from trainyard.sdk.aws import network
+
+    ec2 = boto3.client("ec2", region_name=region)
+    vpc = vpc or ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    have = {e["ServiceName"] for e in ec2.describe_vpc_endpoints(
+        Filters=[{"Name": "vpc-id", "Values": [vpc]}])["VpcEndpoints"] if e["State"].lower() != "deleted"}
+    main = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                              {"Name": "association.main", "Values": ["true"]}])["RouteTables"][0]
+    if network.service_name(region, "s3") not in have:
+        ec2.create_vpc_endpoint(VpcId=vpc, ServiceName=network.service_name(region, "s3"), VpcEndpointType="Gateway",
+                                RouteTableIds=[main["RouteTableId"]])
+    subnet = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"][0]["SubnetId"]
+    for service in network.INTERFACE_SERVICES:
+        if network.service_name(region, service) not in have:
+            ec2.create_vpc_endpoint(VpcId=vpc, ServiceName=network.service_name(region, service),
+                                    VpcEndpointType="Interface", SubnetIds=[subnet], PrivateDnsEnabled=True)
+    return vpc

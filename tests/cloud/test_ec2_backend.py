@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 
 from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.job.spec import build_spec
+from trainyard.sdk.aws import network
 from trainyard.sdk.aws.preflight import preflight
 from trainyard.sdk.aws.provision import Cluster
 
@@ -56,7 +57,8 @@ def test_fit_launches_an_efa_cluster_and_stop_tears_it_down(account, instance_ty
     assert [n["InterfaceType"] for n in nics] == ["efa"] + ["efa-only"] * (interfaces - 1)
     assert [int(n["NetworkCardIndex"]) for n in nics] == list(range(interfaces))
     assert {n["DeviceIndex"] for n in nics} == {"0"} and {n.get("AssociatePublicIpAddress", "false") for n in nics} == {"false"}
-    (group,) = rec.params("CreateSecurityGroup")
+    # the job's EFA group; the other is the VPC's shared endpoints' (test_network.py)
+    (group,) = [g for g in rec.params("CreateSecurityGroup") if g["GroupName"] != network.SHARED_NAME]
     sg = ec2.describe_security_groups(Filters=[{"Name": "tag:trainyard:job", "Values": [name]}])["SecurityGroups"][0]
     assert {n["SecurityGroupId.1"] for n in nics} == {sg["GroupId"]}
     assert any(p.get("UserIdGroupPairs") and p["UserIdGroupPairs"][0]["GroupId"] == sg["GroupId"]
@@ -99,7 +101,9 @@ def test_capacity_errors_move_to_the_next_zone_then_fail_saying_what_was_tried(a
     rec.fail["RunInstances"] = "InsufficientInstanceCapacity"
     with pytest.raises(JobFailedError) as caught:
         _estimator(account, rec).fit(wait=False, job_name="no-capacity")
-    runs, subnets = rec.params("RunInstances"), rec.params("CreateSubnet")
+    # the job's subnets (/20), not the VPC's shared endpoints' subnet (/28, test_network.py)
+    runs = rec.params("RunInstances")
+    subnets = [s for s in rec.params("CreateSubnet") if s["CidrBlock"].endswith("/20")]
     assert len(runs) == len(subnets) >= 2  # one subnet per zone that offers the type, each tried once
     zones = [s["AvailabilityZone"] for s in subnets]
     assert all(z in str(caught.value) for z in zones) and "InsufficientInstanceCapacity" in str(caught.value)
@@ -160,7 +164,7 @@ def test_gc_removes_what_a_dead_job_left(account):
     cluster = Cluster(session, "orphan", say=lambda m: None)
     cluster.provision(preflight(spec, session=session), lambda attempt: "#!/bin/bash\ntrue\n")
     assert set(_leftovers("orphan")) == {"instance", "launch-template", "placement-group", "security-group",
-                                         "subnet", "instance-profile"}
+                                         "subnet", "instance-profile", "route-table", "vpc-endpoint", "endpoint-use"}
     said: list[str] = []
     assert gc(session, say=said.append) == {} and "running; skipped" in said[-1]
     assert gc(session, say=said.append, include_running=True) == {"orphan": []}
@@ -204,10 +208,19 @@ def test_the_users_tags_volume_size_and_groups_are_on_what_the_launch_creates(ac
     cluster.provision(plan, lambda attempt: "#!/bin/bash\ntrue\n")
     try:
         want = {**USER_TAGS, "trainyard:job": job}
-        created = [(name, p) for name, p in rec.calls if name.startswith(("Create", "Run", "Authorize"))]
+        # the VPC's shared endpoints carry Trainyard's shared tag, not a job's (test_network.py): left out here
+        shared_groups = {g["GroupId"] for g in ec2.describe_security_groups(Filters=[
+            {"Name": f"tag:{network.SHARED_TAG}", "Values": ["endpoints"]}])["SecurityGroups"]}
+
+        def shared(name: str, params: dict) -> bool:
+            return name == "CreateTags" or params.get("GroupId") in shared_groups or network.SHARED_TAG in params.values()
+
+        created = [(name, p) for name, p in rec.calls
+                   if name.startswith(("Create", "Run", "Authorize")) and not shared(name, p)]
         assert {n for n, _ in created} == {"CreateSubnet", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
                                            "AuthorizeSecurityGroupEgress", "CreatePlacementGroup",
-                                           "CreateInstanceProfile", "CreateLaunchTemplate", "RunInstances"}
+                                           "CreateInstanceProfile", "CreateLaunchTemplate", "RunInstances",
+                                           "CreateRouteTable", "CreateVpcEndpoint"}
         for name, params in created:
             if name == "CreateInstanceProfile":  # IAM's own form
                 tags = {t["Key"]: t["Value"] for t in _form(params, "Tags.member")}

@@ -115,6 +115,9 @@ def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
     logs = job.log_text()  # mirrored from CloudWatch Logs by the controller
     # both hosts' streams (rank 1 prints nothing of its own: the built-in trainer speaks on rank 0)
     assert "[algo-1/0]" in logs and "[algo-2] driver: completed" in logs and "step 4/4" in logs
+    rows = job.metrics()  # rank 0's metrics.jsonl, shipped by algo-1's agent and mirrored by the controller
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["loss"] > 0 for r in rows), rows
+    assert f"step 4/4 loss {rows[-1]['loss']:.4f}" in logs
     bucket, key = d["ModelArtifacts"]["S3ModelArtifacts"][len("s3://"):].split("/", 1)
     assert boto3.client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
     assert leftovers("lifecycle") == {}
@@ -152,6 +155,8 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
     saved = int(logs.split("SIGTERM: stopping after step ")[1].split()[0])
     assert f"emergency checkpoint step {saved}" in logs or f"SIGTERM: step {saved} is already checkpointed" in logs
     assert f"resumed from step {saved} at {ckpt}" in logs
+    steps = [r["step"] for r in job.metrics()]  # attempt 1's rows, then what attempt 2 shipped before the stop
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= saved, (saved, steps)
     d = job.describe()
     assert [t["Status"] for t in d["SecondaryStatusTransitions"]].count("Interrupted") == 1
     assert d["TrainingJobStatus"] == "Stopped" and leftovers("spot") == {}

@@ -15,6 +15,8 @@ from trainyard.sdk.aws.preflight import Plan, preflight, prices
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import build_spec
 
+from .conftest import reachable_vpc
+
 ACCOUNT = "123456789012"  # moto's default account
 TRUST = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
@@ -83,6 +85,8 @@ def respond(parsed: dict, status: int = 200):
 
 
 def subnet_in(zone: str) -> str:
+    """The default subnet of `zone`, in a default VPC that reaches S3 and ECR (conftest.reachable_vpc)."""
+    reachable_vpc()
     return next(s["SubnetId"] for s in boto3.client("ec2").describe_subnets()["Subnets"]
                 if s["AvailabilityZone"] == zone and s.get("DefaultForAz"))
 
@@ -358,6 +362,7 @@ def test_security_groups_exist_in_the_vpc_the_instances_launch_in(account):
     assert e.value.field == "security_group_ids" and default_vpc() in str(e.value)
     # subnets of the group's VPC: accepted
     theirs = ec2.create_subnet(VpcId=other_vpc, CidrBlock="10.9.0.0/20", AvailabilityZone=zone)["Subnet"]["SubnetId"]
+    reachable_vpc(other_vpc)
     plan = run(spec(account, subnets=[theirs], security_group_ids=[stranger]))
     assert plan.subnets_to_try == (theirs,) and plan.security_group_ids == (stranger,)
 

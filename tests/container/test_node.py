@@ -14,7 +14,7 @@ import urllib.request
 import boto3
 import pytest
 
-from trainyard.container import hostnames, imds, logship, node, peers, staging
+from trainyard.container import hostnames, imds, logship, metricship, node, peers, staging
 from trainyard.job.storage import shard
 from trainyard.sdk import packaging
 from trainyard.job.spec import build_spec
@@ -383,6 +383,47 @@ def test_log_shipper_flush_ships_what_was_written_before_it_returns(aws):
     assert _log_lines(aws, "flush/algo-1") == [f"line {i}" for i in range(50)]
     shipper.close(timeout=30)
     assert not shipper.flush(timeout=1)  # closed: nothing to wait for
+
+
+def test_metrics_shipper_ships_complete_lines_as_numbered_parts_and_the_rest_on_close(aws, tmp_path):
+    s3, state_uri = aws["s3"], "s3://metrics-late/out/m/trainyard"  # the bucket comes later: S3 "down"
+    path = tmp_path / "output/data/metrics.jsonl"
+    said = []
+    shipper = metricship.MetricsShipper(str(path), state_uri, "algo-1", 2, said.append, interval=0.1)
+    row = lambda step: json.dumps({"step": step, "loss": 1.0 / step}) + "\n"
+    assert shipper.ship() and said == []  # no file yet: nothing to ship, nothing said
+    path.parent.mkdir(parents=True)
+    path.write_text(row(1) + row(2) + row(3)[:7])  # step 3's line is being written
+    assert not shipper.ship() and not shipper.ship()  # NoSuchBucket, twice: said once
+    assert len(said) == 1 and "could not ship metrics to s3://metrics-late/out/m/trainyard/hosts/algo-1/metrics/" \
+        "attempt-0002/part-00000001.jsonl: NoSuchBucket" in said[0], said
+    s3.create_bucket(Bucket="metrics-late")
+    assert shipper.ship() and said[1].startswith("metrics shipping works again")
+    assert shipper.ship()  # nothing new: no part
+    prefix = "out/m/trainyard/hosts/algo-1/metrics/attempt-0002/"
+    keys = lambda: [o["Key"] for o in s3.list_objects_v2(Bucket="metrics-late", Prefix=prefix).get("Contents", [])]
+    assert keys() == [prefix + "part-00000001.jsonl"]
+    assert s3.get_object(Bucket="metrics-late", Key=keys()[0])["Body"].read().decode() == row(1) + row(2)
+
+    shipper.start()  # the thread's rounds
+    with open(path, "a") as fh:
+        fh.write(row(3)[7:] + row(4))
+    deadline = time.monotonic() + 30
+    while len(keys()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(path, "a") as fh:
+        fh.write(row(5).rstrip("\n"))  # a last line without its newline: shipped by close() only
+    assert shipper.close()
+    assert keys() == [prefix + f"part-{i:08d}.jsonl" for i in (1, 2, 3)]
+    assert (shipper.parts, shipper.lines, len(said)) == (3, 5, 2)
+    data, last = metricship.read_parts(s3, state_uri, "algo-1", None)  # what the controller mirrors
+    assert data.decode() == "".join(row(i) for i in range(1, 6)) and last == prefix + "part-00000003.jsonl"
+    assert metricship.read_parts(s3, state_uri, "algo-1", prefix + "part-00000002.jsonl") == (row(5).encode(), last)
+    assert metricship.read_parts(s3, state_uri, "algo-1", last) == (b"", last)
+
+    absent = metricship.MetricsShipper(str(tmp_path / "none.jsonl"), state_uri, "algo-9", 1, said.append).start()
+    assert absent.close() and absent.parts == 0 and len(said) == 2  # no file: nothing shipped, nothing said
+    assert metricship.read_parts(s3, state_uri, "algo-9", None) == (b"", None)
 
 
 def test_peer_discovery_orders_by_launch_index_and_times_out_clearly(aws):

@@ -349,3 +349,12 @@ def test_security_groups_are_refused_and_an_existing_cluster_keeps_its_volume(tm
     assert set(modules) == {"job"} and modules["job"]["tags"] == "${local.tags}"
     with open(os.path.join(path, "main.tf")) as fh:
         assert "whose root volume size it keeps" in fh.read().replace("\n# ", " ")
+
+
+@pytest.mark.parametrize("network,nat", [(None, False), ({"internet": True}, True)])
+def test_internet_access_turns_on_the_clusters_nat_gateway(tmp_path, network, nat):
+    path = str(tmp_path / "job")
+    _p5(network=network).to_terraform(path, {"train": "s3://my-data/tokens"}, job_name="nat-job",
+                                      region="us-east-1", availability_zone_id="use1-az6")
+    variables = {k: v for block in hcl.load(os.path.join(path, "variables.tf"))["variable"] for k, v in block.items()}
+    assert variables["enable_nat_gateway"]["default"] is nat  # the image is in ECR: the endpoints suffice without it

@@ -20,11 +20,14 @@ metadata tells them apart. The agent
    output line to CloudWatch Logs (`/trainyard/jobs`, stream `<job>/algo-N`; trainyard/container/logship.py) and to
    its own stdout, while a thread watches IMDS for a spot interruption notice (then: `Interrupted`,
    SIGTERM to the driver, whose engine writes an emergency checkpoint, SIGKILL after `INTERRUPT_GRACE_S`);
-5. reports `Completed`, `Failed` (with the failure reason) or `Interrupted`, flushes the logs and exits
-   with the driver's status.
+   on the first host another thread ships the lines appended to `<root>/output/data/metrics.jsonl` to
+   `<state_uri>/hosts/algo-1/metrics/` every few seconds (trainyard/container/metricship.py);
+5. ships the last metrics lines, flushes the logs, reports `Completed`, `Failed` (with the failure reason)
+   or `Interrupted`, and exits with the driver's status.
 
 The status object is rewritten whole at `<state_uri>/hosts/algo-N/status.json` at every phase change:
-`{"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason"}`.
+`{"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason"}`; the first
+host's metrics parts are next to it, under `<state_uri>/hosts/algo-1/metrics/`.
 
 Nothing here imports torch; boto3 is imported when first needed.
 """
@@ -44,6 +47,7 @@ from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.hostnames import HOSTS_FILE, RESOLVES_ENV, update_hosts_file
 from trainyard.container.imds import SPOT_POLL_S, Imds, SpotWatcher
 from trainyard.container.logship import CWL_EVENT_BYTES, LogShipper
+from trainyard.container.metricship import METRICS_FILE, MetricsShipper
 from trainyard.container.peers import PEER_WAIT_S, find_peers, host_name, own_host_index
 from trainyard.container.staging import FSX_ROOT, stage_channel
 from trainyard.job.facts import RDZV_PORT
@@ -170,6 +174,7 @@ class Agent:
         self.instance_id = "?"
         self.logs: LogShipper | None = None
         self.status: StatusWriter | None = None
+        self.metrics: MetricsShipper | None = None  # the first host's only: metrics() reads algo-1's rows
         self.proc: subprocess.Popen | None = None
         self.notice: dict | None = None
         self.stop_signal: int | None = None
@@ -231,6 +236,7 @@ class Agent:
                                           f"(launch index {launch_index}), attempt {self.attempt}")
             code = self._run(index)
         except Exception as e:
+            self._ship_metrics()  # before the final status, as _finish does
             interrupted = self._interrupted()
             if interrupted:  # before the driver ran: nothing to checkpoint
                 self.say(f"stopped before training: {interrupted}")
@@ -277,6 +283,9 @@ class Agent:
         contract = render_contract(spec, index, root=self.root, master_addr=master_addr, master_port=master_port,
                                    network_interface=default_interface(), num_cpus=os.cpu_count())
         write_contract(contract, self.root)
+        if index == 0:
+            self.metrics = MetricsShipper(f"{self.root}/output/data/{METRICS_FILE}", self.state_uri, self.host,
+                                          self.attempt, self.say).start()
 
         self.status.write("Training", f"training on {spec.instance_count} host(s) x {spec.processes_per_host} "
                                       f"process(es); master {master_addr}:{master_port}")
@@ -349,6 +358,12 @@ class Agent:
             if line == upload_line and self.status.phase == "Training":
                 self.status.write("Uploading", "uploading the model and output data")
 
+    def _ship_metrics(self) -> None:
+        """Stop the metrics thread after a last round (once)."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+
     def _signal_driver(self, sig: int) -> None:
         if self.proc is None:
             return
@@ -371,7 +386,8 @@ class Agent:
                 failure = fh.read(1024)
         except OSError:
             pass
-        if self.logs is not None:  # the final status tells the controller to read the logs: ship them first
+        self._ship_metrics()  # the final status tells the controller to read the metrics and the logs:
+        if self.logs is not None:  # ship them first
             self.logs.flush()
         if code == 0:
             self.status.write("Completed", "training completed", exit_code=0)

@@ -21,6 +21,8 @@ from trainyard.job.uris import check_s3_uri, check_storage_uri
 # alphanumerics and hyphens up to 63 characters, starting with a letter or digit.
 _CHANNEL = re.compile(r"^[A-Za-z0-9.\-_]{1,64}$")
 JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9])*$")
+# EC2 capacity reservation ids: "cr-" and 17 hex digits (8 for the oldest ones); a Capacity Block has one too
+CAPACITY_RESERVATION_ID = re.compile(r"^cr-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -56,6 +58,15 @@ class Channel(BaseModel):
     @classmethod
     def _uri(cls, v: str) -> str:
         return check_storage_uri("uri", v, ("s3", "file", "fsx"))
+
+
+class Network(BaseModel):
+    """EC2: what a subnet Trainyard creates may reach besides S3, ECR, CloudWatch Logs and EC2 (which it always
+    reaches through VPC endpoints: trainyard/sdk/aws/network.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    internet: bool = False
+    """A NAT gateway for the job (pip, model hubs, any public address); it costs per hour and per GB."""
 
 
 class EmulatedNetwork(BaseModel):
@@ -108,11 +119,15 @@ class JobSpec(BaseModel):
     """The training image (ECR), whose entrypoint is the driver; EC2 jobs only."""
     subnets: tuple[str, ...] = ()
     """Subnets to launch in, tried in order on a capacity error; empty: a one-zone subnet is created."""
+    network: Network | None = None
+    """EC2, created subnet only: {"internet": True} adds a NAT gateway."""
     use_spot_instances: bool = False
     max_wait: int | None = None
     """Spot: seconds to wait for capacity and training together (>= max_run)."""
     max_retry_attempts: int = 0
     """Spot: how many times an interrupted job comes back on new capacity."""
+    capacity_reservation_id: str | None = None
+    """EC2: the On-Demand Capacity Reservation or Capacity Block (`cr-...`) the instances launch into."""
     # SageMaker arguments with an effect (see docs/sdk.md for each backend)
     input_mode: Literal["File", "FastFile"] = "File"
     """The channels' default TrainingInputMode."""
@@ -247,6 +262,14 @@ class JobSpec(BaseModel):
             raise ValueError(f"expected a list of subnet ids such as ['subnet-0abc...'], got {v!r}")
         return tuple(v)
 
+    @field_validator("capacity_reservation_id", mode="before")
+    @classmethod
+    def _capacity_reservation(cls, v: object) -> str | None:
+        if v is not None and not (isinstance(v, str) and CAPACITY_RESERVATION_ID.match(v)):
+            raise ValueError(f"expected a capacity reservation id such as 'cr-0123456789abcdef0' ('cr-' and 8 or 17 "
+                             f"hex digits; a Capacity Block's id has the same form), got {v!r}")
+        return v
+
     @field_validator("tags", mode="before")
     @classmethod
     def _tags(cls, v: object) -> dict:
@@ -297,13 +320,20 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _ec2(self) -> "JobSpec":
         local = catalog.lookup(self.instance_type).is_local
-        given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait", "security_group_ids")
-                 if getattr(self, f)]
+        given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait", "security_group_ids",
+                             "capacity_reservation_id") if getattr(self, f)]
         if local and given:
             raise ValueError(f"{given[0]}: only for EC2 instance types; local jobs run in this Python environment")
         fsx = [c.name for c in self.channels if c.uri.startswith("fsx://")]
+        if self.network is not None and self.network.internet and self.subnets:
+            raise ValueError("network: internet access is for the subnet Trainyard creates; your subnets reach what "
+                             "their route tables give them (omit network, or omit subnets)")
         if local and fsx:
             raise ValueError(f"inputs.{fsx[0]}: FSx channels need an EC2 instance type; give an s3:// or file:// URI")
+        if self.capacity_reservation_id and self.use_spot_instances:
+            raise ValueError(f"capacity_reservation_id: {self.capacity_reservation_id} is reserved On-Demand capacity "
+                             "(or a Capacity Block), and spot instances never launch into it: drop "
+                             "use_spot_instances=True (and max_wait), or drop the reservation")
         if self.max_wait is not None and not self.use_spot_instances:
             raise ValueError("max_wait: only with use_spot_instances=True")
         if self.use_spot_instances and (self.max_wait is None or self.max_wait < self.max_run):

@@ -1,7 +1,8 @@
 """Object-storage primitives on `s3://` and `file://` URIs, shared by the SDK and the driver.
 
 boto3 resolves the endpoint the usual way: `AWS_ENDPOINT_URL` (set for local jobs on the embedded
-store) or real S3. Transfers use boto3's managed transfer (multipart and retries built in).
+store) or real S3. Transfers use boto3's managed transfer (multipart and retries built in). The client is
+boto3's default one unless a call is given `s3=` (the SDK passes the user's session's, `s3_client(session)`).
 """
 from __future__ import annotations
 
@@ -12,28 +13,38 @@ from functools import cache
 from trainyard.job.uris import join, split_s3
 
 
-@cache
-def _s3(endpoint: str | None):
-    import boto3
+def _config(endpoint: str | None):
     from botocore.config import Config
 
     # "standard" retry mode retries throttling, 5xx and dropped connections with backoff
-    cfg = Config(retries={"max_attempts": 8, "mode": "standard"}, s3={"addressing_style": "path"} if endpoint else {})
-    return boto3.client("s3", endpoint_url=endpoint, config=cfg)
+    return Config(retries={"max_attempts": 8, "mode": "standard"}, s3={"addressing_style": "path"} if endpoint else {})
 
 
-def s3_client():
-    return _s3(os.environ.get("AWS_ENDPOINT_URL") or None)
+@cache
+def _s3(endpoint: str | None):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, config=_config(endpoint))
+
+
+def s3_client(session=None):
+    """An S3 client on AWS_ENDPOINT_URL (or real S3): boto3's default one, or one of the boto3 `session`
+    (its credentials and region)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
+    if session is None:
+        return _s3(endpoint)
+    return session.client("s3", endpoint_url=endpoint, config=_config(endpoint))
 
 
 def _local(uri: str) -> str:
     return uri[len("file://") :]
 
 
-def put_file(local_path: str, uri: str) -> None:
+def put_file(local_path: str, uri: str, s3=None) -> None:
+    """Copy a file to `uri`; `s3`: the client for an `s3://` URI (default: `s3_client()`)."""
     if uri.startswith("s3://"):
         bucket, key = split_s3(uri)
-        s3_client().upload_file(local_path, bucket, key)
+        (s3 or s3_client()).upload_file(local_path, bucket, key)
     else:
         dest = _local(uri)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -50,13 +61,13 @@ def get_file(uri: str, local_path: str) -> None:
         shutil.copyfile(_local(uri), local_path)
 
 
-def exists(uri: str) -> bool:
+def exists(uri: str, s3=None) -> bool:
     if uri.startswith("s3://"):
         from botocore.exceptions import ClientError
 
         bucket, key = split_s3(uri)
         try:
-            s3_client().head_object(Bucket=bucket, Key=key)
+            (s3 or s3_client()).head_object(Bucket=bucket, Key=key)
             return True
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):

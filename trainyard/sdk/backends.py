@@ -5,6 +5,10 @@
     plan = backend.plan(spec)              # read-only checks against the services; what would be created
     job = backend.launch(spec, plan, upload_code)   # uploads the code, creates, starts -> TrainingJob
 
+`session` is the user's boto3 Session (`boto_session`, or `sagemaker_session`'s): the EC2 backend makes
+every AWS call through it, and calls `upload_code(spec, s3=client)` with its S3 client; the local backend
+ignores it and calls `upload_code(spec)` (boto3's default client, pointed at the job's endpoint).
+
 `fit(dry_run=True)` stops after `plan` and prints `plan.describe()`. Each backend's job handle is a
 `TrainingJob` (sdk/job.py) over the same job folder; `runtime.json` names the backend, so `open_job`
 finds the right handle from any process.
@@ -34,7 +38,7 @@ class Backend(Protocol):
 
     def plan(self, spec: JobSpec) -> Plan: ...
 
-    def launch(self, spec: JobSpec, plan: Plan, upload_code: Callable[[JobSpec], str | None]) -> TrainingJob: ...
+    def launch(self, spec: JobSpec, plan: Plan, upload_code: Callable[..., str | None]) -> TrainingJob: ...
 
 
 BACKENDS: dict[str, type] = {"local": LocalBackend, "ec2": Ec2Backend}

@@ -68,9 +68,10 @@ INERT_UNLESS = {
     "enable_sagemaker_metrics": (None, True, False),
 }
 # EC2 arguments that SageMaker's local mode ignores: accepted and reported for local jobs
-EC2_ONLY = ("image_uri", "subnets", "security_group_ids", "use_spot_instances", "max_wait", "volume_size")
+EC2_ONLY = ("image_uri", "subnets", "security_group_ids", "use_spot_instances", "max_wait", "volume_size",
+            "capacity_reservation_id", "network")
 EC2_DEFAULTS = {"image_uri": None, "subnets": None, "security_group_ids": None, "use_spot_instances": False,
-                "max_wait": None, "volume_size": 30}
+                "max_wait": None, "volume_size": 30, "capacity_reservation_id": None, "network": None}
 INPUT_MODES = ("File", "FastFile")
 
 
@@ -111,9 +112,11 @@ class Estimator:
         *,
         sagemaker_session=None,
         volume_size: int = 30,
+        network: dict | None = None,
         input_mode: str = "File",
         tags=None,
         security_group_ids: list[str] | None = None,
+        capacity_reservation_id: str | None = None,
         metric_definitions: list[dict[str, str]] | None = None,
         container_log_level: int = 20,
         dependencies: list[str] | None = None,
@@ -146,7 +149,8 @@ class Estimator:
         local = itype.is_local
         inert = [k for k, v in sagemaker_only.items() if not _asks_nothing(v, INERT_UNLESS[k])]
         ec2 = dict(image_uri=image_uri, subnets=subnets, security_group_ids=security_group_ids,
-                   use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size)
+                   use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size,
+                   capacity_reservation_id=capacity_reservation_id, network=network)
         if local:
             inert += [k for k in EC2_ONLY if ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
             ec2 = dict(EC2_DEFAULTS)
@@ -199,7 +203,7 @@ class Estimator:
         if model_uri is not None:
             to_channels({model_channel_name: model_uri})  # checked now, staged as a channel by fit()
         self.sagemaker_session = session
-        self.boto_session = boto_session  # EC2 jobs: the boto3 Session to use (default: boto3.Session())
+        self.boto_session = boto_session  # EC2 jobs: the boto3 Session of every AWS call (default: boto3's)
         self.latest_training_job = None
         self.inert_arguments = tuple(inert)
         for note in notes:
@@ -322,10 +326,11 @@ class Estimator:
     def _package(self) -> packaging.Package:
         return packaging.package(self.source_dir, self._entry_file, dependencies=self.dependencies)
 
-    def _upload_code(self, spec: JobSpec) -> str | None:
+    def _upload_code(self, spec: JobSpec, s3=None) -> str | None:
+        """Package and upload the code; `s3`: the backend's client (EC2: the user's session's)."""
         if spec.entry_kind == "module" and self.source_dir is None and not self.dependencies:
             return None  # an installed module: nothing to ship
-        return packaging.upload(self._package(), self.code_location or spec.output_path)
+        return packaging.upload(self._package(), self.code_location or spec.output_path, s3=s3)
 
     @classmethod
     def attach(cls, training_job_name: str, sagemaker_session=None, model_channel_name: str = "model") -> "Estimator":
@@ -333,7 +338,8 @@ class Estimator:
         job = open_job(training_job_name)
         est = cls.__new__(cls)
         est._spec = job.spec.model_copy(update={"job_name": None, "channels": ()})
-        est.source_dir, est._entry_file, est.code_location, est.boto_session = None, None, None, None
+        est.source_dir, est._entry_file, est.code_location = None, None, None
+        est.boto_session = getattr(sagemaker_session, "boto_session", None)
         est.dependencies, est.git_config, est._repo = (), None, None
         est.model_uri, est.model_channel_name = None, model_channel_name
         est.sagemaker_session = sagemaker_session

@@ -2,8 +2,9 @@
 
 Every backend keeps a job in `$TRAINYARD_HOME/jobs/<job>/` (see `jobstate.py`): the spec, a status
 document written by the process that follows the job (local supervisor, EC2 controller), and one log
-file per host of time-stamped lines (`joblog.py`). `TrainingJob` reads that folder, so any process can follow, stop or attach to a job by its
-name; a backend subclasses it only for what differs (the ARN, the stop time).
+file per host of time-stamped lines (`joblog.py`). `TrainingJob` reads that folder, so any process can
+follow, stop or attach to a job by its name; a backend subclasses it only for what differs (the ARN, the
+stop time).
 """
 from __future__ import annotations
 

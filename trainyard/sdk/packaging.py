@@ -123,13 +123,14 @@ def package(source_dir: str | None, entry_file: str | None = None, dependencies:
     return Package(data=data, sha256=hashlib.sha256(data).hexdigest(), files=tuple(files))
 
 
-def upload(pkg: Package, code_location: str) -> str:
-    """Put the package under `code_location` unless the same content is already there; returns its URI."""
+def upload(pkg: Package, code_location: str, s3=None) -> str:
+    """Put the package under `code_location` unless the same content is already there; returns its URI.
+    `s3`: the S3 client to use (EC2 jobs: the user's session's; default: `storage.s3_client()`)."""
     uri = join(code_location, pkg.key)
-    if storage.exists(uri):
+    if storage.exists(uri, s3=s3):
         return uri
     with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
         tmp.write(pkg.data)
         tmp.flush()
-        storage.put_file(tmp.name, uri)
+        storage.put_file(tmp.name, uri, s3=s3)
     return uri

@@ -5,7 +5,8 @@ For local jobs (and with no AWS configuration) the bucket lives in the embedded 
 a notebook's first cells (`session.default_bucket()`, `session.upload_data("data", ...)`) work on a
 laptop with no credentials. `Session(boto_session=...)` with a real boto3 session uses real S3, and the
 default bucket is SageMaker's name for it: `sagemaker-<region>-<account>` (created when missing, as
-SageMaker does).
+SageMaker does). An Estimator given `sagemaker_session=Session(boto_session=...)` makes every AWS call of
+its EC2 jobs through that boto3 session, as if given `boto_session=` (sdk/aws/backend.py).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Session:
         if self.embedded:
             with storage_env(self._env()):
                 return storage.s3_client()
-        return self.boto_session.client("s3")
+        return storage.s3_client(self.boto_session)  # the session's credentials and region
 
     def default_bucket(self) -> str:
         """The bucket jobs write to by default, created if missing (as SageMaker does): locally the

@@ -97,6 +97,9 @@ def render_root_module(spec: JobSpec, path: str, *, cluster: dict | None = None,
     if spec.security_group_ids:
         raise ConfigError("security_group_ids", "a Terraform job's instances are in their cluster's security group "
                                                 "(its launch template); leave security_group_ids out")
+    if spec.capacity_reservation_id:
+        raise ConfigError("capacity_reservation_id", "the Terraform modules do not launch into a capacity "
+                                                     "reservation yet; run the job with fit(), or leave it out")
     _check_inputs(spec)
     efa = itype.max_efa_interfaces if itype.efa_supported else 0
     if spec.instance_count > 1 and efa == 0:
@@ -429,7 +432,8 @@ def _variables_tf(spec: JobSpec, existing: dict | None, create_fsx: bool, extern
                       "(aws ec2 describe-instance-type-offerings --location-type availability-zone-id).", "string"),
             _variable("cluster_name", "Name of the job's cluster (prefix of its resources' names).", "string", name),
             _variable("enable_nat_gateway", "A NAT gateway for the instances: needed when the image is not in ECR "
-                      "(the VPC endpoints cover ECR, S3, CloudWatch Logs and EC2).", "bool", not ecr),
+                      "(the VPC endpoints cover ECR, S3, CloudWatch Logs and EC2), or with network={\"internet\": "
+                      "true}.", "bool", not ecr or bool(spec.network and spec.network.internet)),
             _variable("create_log_group", "Create the /trainyard/jobs log group. Off: the node agents create it "
                       "when it is missing (as with the EC2 backend), so that several jobs' clusters coexist.",
                       "bool", False),

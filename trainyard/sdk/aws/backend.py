@@ -13,16 +13,26 @@ import os
 import subprocess
 import sys
 
+from trainyard.job import storage
 from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_json
 from trainyard.sdk.job import TrainingJob
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.job.uris import join, split_s3
 from trainyard.sdk.aws.preflight import new_session, preflight
+from trainyard.sdk.aws.network import release_unused
 from trainyard.sdk.aws.provision import Cluster, Ledger, find_tagged
 from trainyard.sdk.aws.userdata import render_user_data
 
 STOP_TIMEOUT_S = 900.0  # terminating GPU instances and releasing their interfaces takes minutes
+# botocore's credential sources (`Credentials.method`) that the controller's own boto3 finds again from the
+# profile's name; "env" it finds in the environment it inherits. Any other (keys given to boto3.Session,
+# a custom provider) is handed to it as keys.
+PROFILE_METHODS = frozenset({"shared-credentials-file", "config-file", "custom-process", "assume-role",
+                             "assume-role-with-web-identity", "sso", "login", "iam-role", "container-role",
+                             "ec2-credentials-file", "boto-config"})
+# what must not reach a controller handed keys: another identity's token or expiry
+STALE_CREDENTIAL_VARIABLES = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_CREDENTIAL_EXPIRATION")
 
 
 def state_uri(spec: JobSpec) -> str:
@@ -53,6 +63,7 @@ class Ec2Backend:
     name = "ec2"
 
     def __init__(self, session=None, say=print):
+        # every AWS call of the job, the code upload and the controller's included: the user's session
         self.session = session or new_session()  # region and credentials: checked first thing by plan()
         self.say = say
 
@@ -71,7 +82,7 @@ class Ec2Backend:
         _check_storage(spec, self.session)
         if os.path.exists(job_dir(spec.job_name)):
             raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists; choose another name")
-        spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec)})
+        spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec, s3=storage.s3_client(self.session))})
         return _start(spec, plan, self.session, self.say)
 
 
@@ -109,7 +120,9 @@ def _start(spec: JobSpec, plan, session, say) -> "Ec2Job":
         fh.write(spec.to_json())
     fsx = [{"file_system_id": f["file_system_id"], "dns_name": f["dns_name"], "mount_name": f["mount_name"]}
            for f in plan.fsx]
-    runtime = {"backend": "ec2", "region": plan.region, "state_uri": state_uri(spec), "fsx_mounts": fsx, "attempt": 1}
+    profile, credentials = controller_session(session)
+    runtime = {"backend": "ec2", "region": plan.region, "profile": profile, "state_uri": state_uri(spec),
+               "fsx_mounts": fsx, "attempt": 1}
     write_json(f"{jobdir}/runtime.json", runtime)
     status = Status(f"{jobdir}/status.json")
     status.transition("Starting", "Preflight passed: " + plan.describe().splitlines()[0])
@@ -127,11 +140,31 @@ def _start(spec: JobSpec, plan, session, say) -> "Ec2Job":
         status.update(FailureReason=f"{type(e).__name__}: {e}"[:1024])
         status.transition("Failed", "Provisioning failed; everything created was deleted", status="Failed")
         raise JobFailedError(spec.job_name, "Failed", str(e)) from e
+    env = {k: v for k, v in os.environ.items() if not (credentials and k in STALE_CREDENTIAL_VARIABLES)}
     with open(f"{jobdir}/logs/supervisor.log", "ab") as log:
         subprocess.Popen([sys.executable, "-m", "trainyard.sdk.aws.controller", jobdir], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                         env={**os.environ, "AWS_DEFAULT_REGION": plan.region})
+                         env={**env, "AWS_DEFAULT_REGION": plan.region, **credentials})
     return Ec2Job(spec.job_name)
+
+
+def controller_session(session) -> tuple[str | None, dict[str, str]]:
+    """What recreates the user's boto3 `session` in the detached controller, which cannot be handed a Python
+    object (its region is runtime.json's): the profile it names (None: boto3's own lookup, as the user's
+    session made) and the variables to add to its environment: the keys of a session built from keys,
+    never written to disk. Temporary keys handed over this way expire while the controller runs."""
+    credentials = session.get_credentials()
+    method = getattr(credentials, "method", None)
+    if credentials is None or method == "env":
+        return None, {}  # preflight refuses a session without credentials; "env": the controller inherits them
+    if method in PROFILE_METHODS:
+        profile = session.profile_name  # "default" when none was named: named only when it exists
+        return (profile if profile in session.available_profiles else None), {}
+    frozen = credentials.get_frozen_credentials()
+    keys = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
+    if frozen.token:
+        keys["AWS_SESSION_TOKEN"] = frozen.token
+    return None, keys
 
 
 def gc(session, *, say=print, include_running: bool = False) -> dict[str, list[str]]:
@@ -139,7 +172,8 @@ def gc(session, *, say=print, include_running: bool = False) -> dict[str, list[s
     runs here is skipped; so is one with pending or running instances unless `include_running` (a job
     started from another machine looks like that). Returns {job: what could not be deleted}."""
 
-    order = ("subnet", "security-group", "placement-group", "instance-profile", "launch-template", "instance")
+    order = ("subnet", "route-table", "vpc-endpoint", "elastic-ip", "nat-gateway", "endpoint-use", "security-group",
+             "placement-group", "instance-profile", "launch-template", "instance")
     by_job: dict[str, list[dict]] = {}
     found = find_tagged(session)
     for kind in order:  # creation order: teardown goes the other way
@@ -164,4 +198,5 @@ def gc(session, *, say=print, include_running: bool = False) -> dict[str, list[s
             continue
         say(f"{job}: deleting {len(items)} resource(s)")
         left[job] = Cluster(session, job, ledger=Ledger(items=items), say=say).teardown()
+    release_unused(session.client("ec2"), say)  # shared endpoints that a crash or a race left with no user
     return left

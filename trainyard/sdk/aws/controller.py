@@ -5,7 +5,9 @@ the part SageMaker's service plays. Started by `fit()` once the instances are la
   the node agent) and the instances' states; the least advanced node sets the secondary status
   (Downloading, Training, Uploading);
 - mirrors each node's CloudWatch Logs stream into the job folder (`logs/algo-N.log`), so that
-  `wait()`, `logs()` and `attach()` work as for local jobs;
+  `wait()`, `logs()` and `attach()` work as for local jobs, and the first host's `metrics.jsonl` (the
+  parts its node agent ships, trainyard/container/metricship.py) into
+  `hosts/algo-1/output/data/metrics.jsonl`, where `metrics()` reads it;
 - brings a spot job back after an interruption (up to `max_retry_attempts` times, within `max_wait`):
   the interrupted attempt's instances are terminated and all N are launched again; the engine resumes
   from its newest committed checkpoint;
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
 
+from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
 from trainyard.sdk.aws.provision import Cluster, Ledger
@@ -53,11 +57,15 @@ class Controller:
         self.spec = JobSpec.from_json(open(f"{jobdir}/spec.json").read())
         self.runtime = read_json(f"{jobdir}/runtime.json")
         self.status = Status(f"{jobdir}/status.json")
-        self.session = boto3.Session(region_name=self.runtime["region"])
+        # the user's session, recreated (sdk/aws/backend.py `controller_session`): its region, its profile, and
+        # the keys of a session built from keys, which fit() put in this process's environment
+        self.session = boto3.Session(region_name=self.runtime["region"], profile_name=self.runtime.get("profile"))
         self.cluster = Cluster(self.session, self.spec.job_name, ledger=Ledger.load(f"{jobdir}/ledger.json"), say=_log,
                                tags=self.spec.tags)
         self.s3, self.logs = self.session.client("s3"), self.session.client("logs")
         self.log_tokens: dict[str, str | None] = {}
+        self.metrics_after: str | None = None  # the key of the last metrics part mirrored
+        self.metrics_failing = False
         self.stopping = False
         self.interrupted_at: float | None = None  # when the current attempt's first node reported a notice
 
@@ -88,7 +96,8 @@ class Controller:
                     if "ResourceNotFound" not in str(e):
                         _log(f"reading {stream} from CloudWatch Logs failed: {e}")
                     break
-                lines += [stamped(event["message"].rstrip("\n"), event["timestamp"] / 1000) for event in reply["events"]]
+                lines += [stamped(event["message"].rstrip("\n"), event["timestamp"] / 1000)  # the event's own time
+                          for event in reply["events"]]
                 token = reply.get("nextForwardToken")
                 if not reply["events"] or token == self.log_tokens.get(host):
                     self.log_tokens[host] = token
@@ -97,6 +106,29 @@ class Controller:
             if lines:
                 with open(f"{self.jobdir}/logs/{host}.log", "a") as fh:
                     fh.write("\n".join(lines) + "\n")
+
+    def mirror_metrics(self) -> None:
+        """Append the first host's new metrics parts to `hosts/<host>/output/data/metrics.jsonl`. The file is
+        replaced (a copy with the new lines, then os.replace), so a reader never sees half a line. A failure
+        is said once and tried again at the next poll."""
+        host = self.spec.hosts[0]
+        path = f"{self.jobdir}/hosts/{host}/output/data/{METRICS_FILE}"
+        try:
+            data, after = read_parts(self.s3, self.runtime["state_uri"], host, self.metrics_after)
+            if data:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as fh:
+                    if os.path.exists(path):
+                        with open(path, "rb") as old:
+                            shutil.copyfileobj(old, fh)
+                    fh.write(data)
+                os.replace(tmp, path)
+            self.metrics_after, self.metrics_failing = after, False
+        except Exception as e:  # noqa: BLE001 - S3 or the disk: the next poll tries again from the same part
+            if not self.metrics_failing:
+                _log(f"mirroring {host}'s metrics failed: {e}")
+            self.metrics_failing = True
 
     def instance_states(self, attempt: int) -> dict[str, str]:
         ids = [i["id"] for i in self.cluster.ledger.items if i["kind"] == "instance" and i.get("attempt") == attempt]
@@ -118,6 +150,7 @@ class Controller:
         try:
             while True:
                 self.mirror_logs()
+                self.mirror_metrics()
                 if self.stopping or os.path.exists(f"{self.jobdir}/stop-requested"):
                     outcome = "Stopped"
                     break
@@ -207,6 +240,7 @@ class Controller:
             self.mirror_logs()
         except Exception as e:  # noqa: BLE001
             _log(f"reading the last log lines failed: {e}")
+        self.mirror_metrics()
         first = self.host_status(spec.hosts[0], self.runtime.get("attempt", 1)) or {}
         artifacts = first.get("phase") in ("Uploading", "Completed", "Failed")  # its driver uploads at the end
         record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)

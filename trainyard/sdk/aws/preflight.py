@@ -18,6 +18,8 @@ from urllib.parse import unquote
 from trainyard.job import catalog
 from trainyard.job.facts import InstanceFacts, network_interfaces
 from trainyard.job.errors import ConfigError
+from trainyard.sdk.aws import network
+from trainyard.sdk.aws.capacity import Capacity, check_capacity
 from trainyard.job.uris import split_fsx
 from trainyard.sdk.aws.provision import resolve_ami, resource_tags, root_device, root_volume_gib
 
@@ -92,6 +94,14 @@ class Plan:
     """The AMI resolved by preflight; None: provisioning resolves it."""
     root_device_name: str | None = None
     """The AMI's root device (DescribeImages); None: provisioning reads it."""
+    capacity: Capacity | None = None
+    """The capacity reservation or Capacity Block the instances launch into (its zone only); None: none."""
+    warnings: tuple[str, ...] = ()
+    """What will go wrong if nothing changes (a Capacity Block that ends before max_run), printed before the notes."""
+    internet: bool = False
+    """network={"internet": True}: a created subnet also gets a NAT gateway (sdk/aws/network.py)."""
+    network_lines: tuple[str, ...] = ()
+    """What a created subnet comes with and what that costs per hour (empty with the user's subnets)."""
 
     def describe(self) -> str:
         """The plan in words: what `fit(dry_run=True)` prints."""
@@ -100,21 +110,30 @@ class Plan:
         efa = f"{self.efa_interfaces} EFA interfaces per instance" if self.efa_interfaces else "no EFA (one interface)"
         subnets = (f"{', '.join(self.subnets_to_try)} (in this order on capacity errors)" if self.subnet_id else
                    f"a new subnet in {self.zone}; fallback zones: {', '.join(self.zones_to_try[1:]) or 'none'}")
+        market = "Spot" if self.use_spot else self.capacity.kind if self.capacity else "On-Demand"
         lines = [f"Plan for job {self.job_name or '(unnamed)'}: {n} x {self.instance_type} "
-                 f"({'Spot' if self.use_spot else 'On-Demand'}) in {self.region}, zone {self.zone} ({self.zone_id})",
+                 f"({market}) in {self.region}, zone {self.zone} ({self.zone_id})",
                  f"  instances: {n} x {self.instance_type}: {accel} each ({n * f.gpus} GPUs in all), "
                  f"{f.vcpus} vCPUs, {f.memory_mib // 1024} GiB memory",
                  f"  network:   {efa}, placement group strategy 'cluster', one zone",
                  f"  subnets:   {subnets}",
+                 *[f"  vpc:       {line}" for line in self.network_lines],
                  f"  image:     {self.image_uri}",
                  f"  role:      {self.role_arn}",
                  f"  profile:   {self.instance_profile_arn or 'an instance profile is created for the role'}"]
+        if self.capacity is not None:
+            lines.insert(2, f"  capacity:  {self.capacity.describe(self.instance_type)}")
         fsx = {d["channel"]: d for d in self.fsx}
         for name, uri in self.channels:
             d = fsx.get(name)
             mount = f" -> mount {d['dns_name']}@tcp:/{d['mount_name'] or '<MountName>'}" if d else ""
             lines.append(f"  channel:   {name} <- {uri}{mount}")
-        if self.price_per_instance_hour is None:
+        if self.capacity is not None and self.capacity.block:
+            listed = (f"; the On-Demand list price would be ${self.price_per_instance_hour:,.4f}/instance-hour as of "
+                      f"{self.price_as_of}" if self.price_per_instance_hour is not None else "")
+            lines.append(f"  cost:      $0.00/hour for {n} instance(s) here: the Capacity Block was paid upfront when "
+                         f"it was reserved{listed}")
+        elif self.price_per_instance_hour is None:
             lines.append(f"  cost:      unknown (no list price for {self.instance_type} in {self.region})")
         else:
             kind = "Spot estimate" if self.use_spot else "On-Demand list price"
@@ -132,7 +151,8 @@ class Plan:
             lines.append("  tags:      " + ", ".join(f"{k}={v}" for k, v in self.tags.items())
                          + " (with trainyard:job) on every resource created")
         lines.append(f"  quota:     {self.quota_note}")
-        return "\n".join(lines + [f"  note:      {x}" for x in self.notes])
+        return "\n".join(lines + [f"  WARNING:   {x}" for x in self.warnings]
+                         + [f"  note:      {x}" for x in self.notes])
 
 
 @cache
@@ -195,6 +215,10 @@ def preflight(spec, *, session=None) -> Plan:
     _check_efa(spec, facts)
     zones = _offered_zones(session, ec2, spec.instance_type, region)
     subnets = _subnets(ec2, spec, zones, notes)
+    warnings: list[str] = []
+    capacity, subnets = check_capacity(ec2, spec, zones, subnets, notes, warnings)
+    if spec.subnets:  # the user's own network: it must reach S3, ECR, CloudWatch Logs and EC2
+        network.refuse_unreachable(ec2, ec2.describe_subnets(SubnetIds=[s for s, _ in subnets])["Subnets"])
     quota_note = _check_quota(session, spec, facts, region)
     role_arn, profile_arn = _check_role(session, spec.role, notes)
     _check_image(session, spec.image_uri, region, notes)
@@ -202,8 +226,12 @@ def preflight(spec, *, session=None) -> Plan:
     _check_security_groups(ec2, spec, subnets)
     ami_id, device, root_gib = _root_volume(session, ec2, spec, notes)
     price, as_of, per_hour, max_run_cost = _cost(spec, region, notes)
+    if capacity is not None and capacity.block:  # paid upfront when the block was bought
+        per_hour, max_run_cost = 0.0, 0.0
     subnet_ids = tuple(s for s, _ in subnets if s)
     zone = subnets[0][1]
+    internet = bool(spec.network and spec.network.internet)
+    network_lines = () if subnet_ids else tuple(_created_network(ec2, region, internet))
     return Plan(
         job_name=spec.job_name, region=region, instance_type=spec.instance_type,
         instance_count=spec.instance_count, zone=zone, zone_id=zones[zone],
@@ -216,7 +244,17 @@ def preflight(spec, *, session=None) -> Plan:
         estimated_cost_max_run=max_run_cost, max_run=spec.max_run, use_spot=spec.use_spot_instances,
         quota_note=quota_note, notes=tuple(notes), tags=dict(spec.tags), security_group_ids=spec.security_group_ids,
         volume_size=spec.volume_size, root_volume_gib=root_gib, ami_id=ami_id, root_device_name=device,
+        capacity=capacity, warnings=tuple(warnings),
+        internet=internet, network_lines=network_lines,
     )
+
+
+def _created_network(ec2, region: str, internet: bool) -> list[str]:
+    """What a created subnet comes with (sdk/aws/network.py) and its hourly price, for the plan."""
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    have = network.find_endpoints(ec2, vpcs[0]["VpcId"]) if vpcs else {}
+    to_create = [s for s in network.INTERFACE_SERVICES if s not in have]
+    return network.describe_cost(prices(), region, internet=internet, shared_to_create=len(to_create))
 
 
 def _code(e: Exception) -> str:
@@ -293,6 +331,9 @@ def _subnets(ec2, spec, zones: dict[str, str], notes: list) -> list[tuple[str | 
     if dropped:
         notes.append(f"skipping subnet(s) {', '.join(dropped)}: {spec.instance_type} is not offered there")
     return usable
+
+
+
 
 
 def _check_tags(spec) -> None:

@@ -1,7 +1,9 @@
 """The EC2 cluster of one job: created step by step, every resource tagged and written to a ledger
 before the next step, torn down from the ledger (or, for jobs whose ledger is gone, found by tag).
 
-    subnet (unless given) -> EFA security group -> cluster placement group -> instance profile (unless
+    subnet (unless given; with its route table, S3 gateway endpoint, the VPC's shared interface endpoints and,
+    with network={"internet": True}, a NAT gateway: network.py) -> EFA security group -> cluster placement
+    group -> instance profile (unless
     the role has one) -> launch template (network interfaces from DescribeInstanceTypes in the EFA group
     and the user's security_group_ids, IMDSv2 with hop limit 2, a root volume of volume_size GB on the
     AMI's root device, user data) -> one RunInstances of all N instances (MinCount = MaxCount = N)
@@ -22,9 +24,12 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from trainyard.job.facts import IMDS_OPTIONS, TAG_KEY, network_interfaces, security_group_rules
+from trainyard.sdk.aws import network
+from trainyard.sdk.aws.network import error_code, retrying
 
 ATTEMPT_TAG = "trainyard:attempt"
 CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "InsufficientHostCapacity", "MaxSpotInstanceCountExceeded",
@@ -37,6 +42,8 @@ AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu
 DEFAULT_ROOT_DEVICE = "/dev/xvda"  # the root device of Amazon Linux AMIs, when DescribeImages cannot say
 SUBNET_PREFIX = 20  # a created subnet: /20, 4091 addresses (EFA-only interfaces take none)
 WAIT_S = 600  # longest wait for instances to terminate or a group to be released
+CAPACITY_POLL_S = 15  # how often a Capacity Block past its start is asked whether it is active yet
+CAPACITY_ACTIVE_WAIT_S = 900  # how long after its start a Capacity Block may take to become active
 
 
 class CapacityError(RuntimeError):
@@ -71,10 +78,6 @@ class Ledger:
             return cls(path=path, items=json.load(fh))
 
 
-def _code(e: Exception) -> str:
-    return getattr(e, "response", {}).get("Error", {}).get("Code", "") if hasattr(e, "response") else ""
-
-
 def resource_tags(job: str, user_tags: dict[str, str] | None = None, attempt: int | None = None) -> dict[str, str]:
     """The tags of a job's resource: a Name (the user's wins), the user's tags, then Trainyard's own
     (which no user tag overrides: teardown and gc find the resources by them)."""
@@ -98,6 +101,8 @@ class Cluster:
         self.ledger = ledger or Ledger()
         self.tags = dict(tags or {})
         """The user's tags (JobSpec.tags); `provision` takes them from the plan."""
+        self.internet = False
+        """network={"internet": True}: a created subnet gets a NAT gateway; `provision` takes it from the plan."""
         self.ec2 = session.client("ec2")
         self.iam = session.client("iam")
 
@@ -116,6 +121,7 @@ class Cluster:
         """Create everything and launch the instances; returns RunInstances' instance records. On any
         failure or interrupt, what was created is torn down before the error propagates."""
         self.tags = {**self.tags, **plan.tags}
+        self.internet = bool(getattr(plan, "internet", False))
         try:
             subnet = plan.subnets_to_try[0] if plan.subnets_to_try else self._create_subnet(plan.zones_to_try[0])
             self._security_group(subnet)
@@ -151,6 +157,7 @@ class Cluster:
                                         TagSpecifications=self._tags("subnet"))["Subnet"]["SubnetId"]
         self.ledger.add("subnet", subnet, zone=zone)
         self.say(f"created subnet {subnet} ({candidate}) in {zone}")
+        network.connect_job_subnet(self, subnet, vpc["VpcId"], zone, internet=self.internet)
         return subnet
 
     def _security_group(self, subnet: str) -> str:
@@ -210,6 +217,12 @@ class Cluster:
         if plan.use_spot:
             data["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        capacity = getattr(plan, "capacity", None)
+        if capacity is not None:  # the reservation by id (targeted and open alike); a Capacity Block its market too
+            data["CapacityReservationSpecification"] = {
+                "CapacityReservationTarget": {"CapacityReservationId": capacity.reservation_id}}
+            if capacity.block:
+                data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
         template = self.ec2.create_launch_template(
             LaunchTemplateName=f"trainyard-{self.job}", LaunchTemplateData=data,
             TagSpecifications=self._tags("launch-template"))["LaunchTemplate"]["LaunchTemplateId"]
@@ -218,6 +231,31 @@ class Cluster:
                  f"instance, IMDSv2 (hop limit {IMDS_OPTIONS['HttpPutResponseHopLimit']}), a {plan.root_volume_gib} GB "
                  f"root volume on {device}")
         return template
+
+    def _wait_for_capacity(self, plan) -> None:
+        """A Capacity Block that has not begun: wait for its start, then until EC2 reports it active (a launch
+        into it fails before). Ctrl-C while waiting tears down what was created, as any interrupt does."""
+        capacity = getattr(plan, "capacity", None)
+        if capacity is None or capacity.state == "active":
+            return
+        rid = capacity.reservation_id
+        self.say(f"waiting for {capacity.kind} {rid} to begin at {capacity.start:%Y-%m-%d %H:%M} UTC"
+                 if capacity.start else f"waiting for {capacity.kind} {rid} to become active")
+        started = capacity.start or datetime.now(timezone.utc)
+        while True:
+            left = (started - datetime.now(timezone.utc)).total_seconds()
+            if left > 0:
+                time.sleep(min(left, 60))
+                continue
+            state = self.ec2.describe_capacity_reservations(
+                CapacityReservationIds=[rid])["CapacityReservations"][0]["State"]
+            if state == "active":
+                self.say(f"{capacity.kind} {rid} is active")
+                return
+            if state != "scheduled" or -left > CAPACITY_ACTIVE_WAIT_S:
+                raise RuntimeError(f"{capacity.kind} {rid} is {state}, not active, {-left / 60:.0f} minutes after "
+                                   "its start; nothing was launched into it")
+            time.sleep(CAPACITY_POLL_S)
 
     def _interfaces(self, plan, subnet: str) -> list[dict]:
         return network_interfaces(plan.facts, subnet_id=subnet, security_group_id=self.ledger.ids("security-group")[0],
@@ -230,7 +268,10 @@ class Cluster:
 
     def launch(self, plan, *, attempt: int) -> list[dict]:
         """All instances in one RunInstances, in the first subnet with the capacity. The user's subnets are
-        tried in order; without them, a subnet is created in each zone that offers the type in turn."""
+        tried in order; without them, a subnet is created in each zone that offers the type in turn. With a
+        capacity reservation preflight left only its zone (no zone fallback), and a Capacity Block that has not
+        begun is waited for."""
+        self._wait_for_capacity(plan)
         template = self.ledger.ids("launch-template")[0]
         tried: list[str] = []
         candidates = list(plan.subnets_to_try) or [None] * len(plan.zones_to_try)
@@ -245,11 +286,11 @@ class Cluster:
                     TagSpecifications=self._tags(*self._launched(plan.use_spot), attempt=attempt),
                     ClientToken=f"{self.job}-{attempt}-{i}"[:64])
             except Exception as e:  # botocore's ClientError
-                if _code(e) not in CAPACITY_ERRORS:
+                if error_code(e) not in CAPACITY_ERRORS:
                     raise
                 zone = self.ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]["AvailabilityZone"]
-                tried.append(f"{subnet} ({zone}): {_code(e)}")
-                self.say(f"no capacity for {plan.instance_count} x {plan.instance_type} in {zone} ({_code(e)}); "
+                tried.append(f"{subnet} ({zone}): {error_code(e)}")
+                self.say(f"no capacity for {plan.instance_count} x {plan.instance_type} in {zone} ({error_code(e)}); "
                          + ("trying the next subnet" if i + 1 < len(candidates) else "no subnet left"))
                 continue
             instances = reply["Instances"]
@@ -258,6 +299,11 @@ class Cluster:
             self.say(f"launched {len(instances)} x {plan.instance_type} in {subnet}: "
                      + ", ".join(i["InstanceId"] for i in instances))
             return instances
+        capacity = getattr(plan, "capacity", None)
+        if capacity is not None:  # no other zone can serve a reservation
+            raise CapacityError(f"{capacity.kind} {capacity.reservation_id} had no room for {plan.instance_count} x "
+                                f"{plan.instance_type}; tried " + "; ".join(tried) + ". Instances that ended in it "
+                                "free their place after a few minutes: try again then, or lower instance_count")
         raise CapacityError(f"no capacity for {plan.instance_count} x {plan.instance_type} launched together; tried "
                             + "; ".join(tried) + ". Try again later, add subnets in other zones (subnets=[...]), "
                             "lower instance_count, or use a capacity reservation")
@@ -276,8 +322,8 @@ class Cluster:
                 LaunchTemplate={"LaunchTemplateId": template,
                                 "Version": str(version["LaunchTemplateVersion"]["VersionNumber"])})
         except Exception as e:  # noqa: BLE001
-            if _code(e) in CAPACITY_ERRORS:
-                self.say(f"attempt {attempt}: no capacity yet ({_code(e)}); retrying")
+            if error_code(e) in CAPACITY_ERRORS:
+                self.say(f"attempt {attempt}: no capacity yet ({error_code(e)}); retrying")
                 return None
             raise
         for inst in reply["Instances"]:
@@ -306,9 +352,10 @@ class Cluster:
                 continue
             try:
                 _DELETE[kind](self, item)
-                self.say(f"deleted {kind} {ident}")
+                if kind not in ("endpoint-use", "shared-network"):  # shared: they say what they delete
+                    self.say(f"deleted {kind} {ident}")
             except Exception as e:  # noqa: BLE001 - keep going: the rest must still be deleted
-                if any(code in _code(e) for code in NOT_FOUND):
+                if any(code in error_code(e) for code in NOT_FOUND):
                     continue
                 left.append({**item, "error": str(e)})
                 self.say(f"WARNING: could not delete {kind} {ident} ({e}); `trainyard gc` retries")
@@ -333,22 +380,10 @@ class Cluster:
         try:
             reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
         except Exception as e:  # noqa: BLE001
-            if "NotFound" in _code(e):
+            if "NotFound" in error_code(e):
                 return None
             raise
         return reservations[0]["Instances"][0]["State"]["Name"] if reservations else None
-
-
-def _retrying(call: Callable[[], Any], codes: tuple[str, ...] = ("DependencyViolation", "InvalidPlacementGroup.InUse")):
-    """Deleting right after instances terminate can meet EC2 still releasing their interfaces."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return call()
-        except Exception as e:  # noqa: BLE001
-            if _code(e) not in codes or time.monotonic() > deadline:
-                raise
-            time.sleep(5)
 
 
 def _delete_profile(cluster: Cluster, item: dict) -> None:
@@ -356,7 +391,7 @@ def _delete_profile(cluster: Cluster, item: dict) -> None:
         try:
             cluster.iam.remove_role_from_instance_profile(InstanceProfileName=item["id"], RoleName=item["role"])
         except Exception as e:  # noqa: BLE001
-            if "NoSuchEntity" not in _code(e):
+            if "NoSuchEntity" not in error_code(e):
                 raise
     cluster.iam.delete_instance_profile(InstanceProfileName=item["id"])
 
@@ -364,9 +399,16 @@ def _delete_profile(cluster: Cluster, item: dict) -> None:
 _DELETE: dict[str, Callable[[Cluster, dict], Any]] = {
     "launch-template": lambda c, i: c.ec2.delete_launch_template(LaunchTemplateId=i["id"]),
     "instance-profile": _delete_profile,
-    "placement-group": lambda c, i: _retrying(lambda: c.ec2.delete_placement_group(GroupName=i["id"])),
-    "security-group": lambda c, i: _retrying(lambda: c.ec2.delete_security_group(GroupId=i["id"])),
-    "subnet": lambda c, i: _retrying(lambda: c.ec2.delete_subnet(SubnetId=i["id"])),
+    "placement-group": lambda c, i: retrying(lambda: c.ec2.delete_placement_group(GroupName=i["id"])),
+    "security-group": lambda c, i: retrying(lambda: c.ec2.delete_security_group(GroupId=i["id"])),
+    "endpoint-use": network.release_endpoint,
+    "shared-network": lambda c, i: network.release_shared_subnet(c.ec2, i["id"], c.say),
+    "nat-gateway": network.delete_nat,
+    "elastic-ip": lambda c, i: retrying(lambda: c.ec2.release_address(AllocationId=i["id"]),
+                                        codes=("InvalidIPAddress.InUse", "AuthFailure")),
+    "vpc-endpoint": lambda c, i: c.ec2.delete_vpc_endpoints(VpcEndpointIds=[i["id"]]),
+    "route-table": network.delete_route_table,
+    "subnet": lambda c, i: retrying(lambda: c.ec2.delete_subnet(SubnetId=i["id"])),
 }
 
 
@@ -424,7 +466,8 @@ def find_tagged(session, job: str | None = None) -> dict[str, list[dict]]:
         return next((t["Value"] for t in tags or [] if t["Key"] == TAG_KEY), None)
 
     found: dict[str, list[dict]] = {"instance": [], "launch-template": [], "placement-group": [],
-                                    "security-group": [], "subnet": [], "instance-profile": []}
+                                    "security-group": [], "subnet": [], "instance-profile": [], "route-table": [],
+                                    "vpc-endpoint": [], "nat-gateway": [], "elastic-ip": [], "endpoint-use": []}
     for r in ec2.describe_instances(Filters=flt)["Reservations"]:
         for i in r["Instances"]:
             found["instance"].append({"id": i["InstanceId"], "job": job_of(i.get("Tags")), "state": i["State"]["Name"]})
@@ -436,6 +479,22 @@ def find_tagged(session, job: str | None = None) -> dict[str, list[dict]]:
         found["security-group"].append({"id": g["GroupId"], "job": job_of(g.get("Tags"))})
     for s in ec2.describe_subnets(Filters=flt)["Subnets"]:
         found["subnet"].append({"id": s["SubnetId"], "job": job_of(s.get("Tags"))})
+    for t in ec2.describe_route_tables(Filters=flt)["RouteTables"]:
+        found["route-table"].append({"id": t["RouteTableId"], "job": job_of(t.get("Tags"))})
+    for e in ec2.describe_vpc_endpoints(Filters=flt)["VpcEndpoints"]:
+        if e.get("State", "").lower() not in ("deleted", "deleting"):
+            found["vpc-endpoint"].append({"id": e["VpcEndpointId"], "job": job_of(e.get("Tags"))})
+    for n in ec2.describe_nat_gateways(Filters=flt)["NatGateways"]:
+        if n["State"] not in ("deleted", "deleting"):
+            found["nat-gateway"].append({"id": n["NatGatewayId"], "job": job_of(n.get("Tags"))})
+    for a in ec2.describe_addresses(Filters=flt)["Addresses"]:
+        found["elastic-ip"].append({"id": a["AllocationId"], "job": job_of(a.get("Tags"))})
+    shared = [{"Name": f"tag:{network.SHARED_TAG}", "Values": ["endpoints"]}]
+    for e in ec2.describe_vpc_endpoints(Filters=shared)["VpcEndpoints"]:
+        for t in e.get("Tags", []):
+            user = t["Key"].removeprefix(network.USES_PREFIX)
+            if t["Key"].startswith(network.USES_PREFIX) and (job is None or user == job):
+                found["endpoint-use"].append({"id": e["VpcEndpointId"], "job": user, "vpc": e["VpcId"]})
     for page in iam.get_paginator("list_instance_profiles").paginate(PathPrefix="/"):
         for p in page["InstanceProfiles"]:
             if not p["InstanceProfileName"].startswith("trainyard-"):
