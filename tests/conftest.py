@@ -4,6 +4,11 @@ import re
 
 import pytest
 
+# Triton decides at `@triton.jit` time whether a kernel runs compiled or in its interpreter, so the switch
+# must be set before any test imports trainyard.kernels: CPU tensors then run the Triton kernels through the
+# interpreter (how CI tests them); ops called with backend="eager" (and kernels off, the default) are unaffected.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def trainyard_home(tmp_path_factory):

@@ -13,6 +13,8 @@ from trainyard.engine import quiet as q
 def fresh_logger_filters():
     loggers = [logging.getLogger(h.logger) for h in q.HARMLESS if h.logger]
     saved = [list(log.filters) for log in loggers]
+    for log in loggers:  # an earlier te.init() in this process may have quieted them already
+        log.filters[:] = [f for f in log.filters if not isinstance(f, q._DropHarmless)]
     yield
     for log, filters in zip(loggers, saved):
         log.filters[:] = filters

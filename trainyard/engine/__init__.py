@@ -6,7 +6,7 @@ parts of the engine (the parallelism and layout checks the SDK runs) import with
 """
 __all__ = ["Context", "init", "current", "finish", "transform", "rows", "accumulate", "wait_for_checkpoints", "forward_backward", "clip_grad_norm_",
            "save_checkpoint", "load_checkpoint", "save_model", "load_pretrained", "full_state_dict",
-           "check_equivalence", "Parallelism"]
+           "check_equivalence", "Parallelism", "lm_loss", "LMHidden"]
 
 
 def __getattr__(name: str):

@@ -44,6 +44,7 @@ from trainyard.engine.distributed.parallelize import (Parallelized, clip_grad_no
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
+from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, swap_kernels
 from trainyard.engine.quiet import quiet
 from trainyard.engine.models.hf import weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
@@ -158,10 +159,11 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     """`model` ready to train on this rank, laid out on the job's mesh (or on `distribution`): pipeline stages,
     tensor parallelism, activation checkpointing, MiCS sharding per block and the root, weights kept (rank 0's)
     or, for a model on the meta device, initialised layout-independently by `init` (called on every module, as
-    `model.apply(init)`), `reset_parameters` or HF `_init_weights`, from `seed`."""
-    if kernels:
-        raise ValueError("kernels: this version of trainyard.kernels provides no kernels to swap in; pass "
-                         "kernels=None")
+    `model.apply(init)`), `reset_parameters` or HF `_init_weights`, from `seed`. `kernels` ("eager", "triton",
+    "auto"/True; default off) swaps norms, MLPs, rotary embeddings and, without TP or PP, the loss for
+    trainyard.kernels ops (models/fused.py); the model then returns `LMHidden`: take its loss with
+    `te.lm_loss(output, targets)` (or read `output.logits`)."""
+    backend = backend_of(kernels)
     ctx = current()
     par = ctx.parallelism if distribution is None else Parallelism.parse(distribution)
     dims = ctx.dims if distribution is None else par.dims(world_size=ctx.world_size,
@@ -179,6 +181,10 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     pipeline = PipelineConfig(schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
                               microbatches=par.microbatches or par.pp, split=par.pipeline_split) if par.pp > 1 else None
     spec = resolve_spec(model, blocks=blocks, tp_plan=tp_plan)
+    if backend is not None:
+        swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1)
+        if ctx.is_main:
+            print(f"kernels ({backend}): " + ", ".join(f"{k} {n}" for k, n in swapped.items()), flush=True)
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init)

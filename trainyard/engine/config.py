@@ -17,6 +17,8 @@ from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
 from trainyard.engine.suggest import did_you_mean
 
+KERNEL_MODES = ("off", "eager", "eager-chunked", "triton", "auto")  # what models/fused.py's MODES take
+
 DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -76,6 +78,10 @@ class TrainConfig:
     """Print a progress line every this many steps (metrics.jsonl gets every step)."""
     save_model: bool = True
     """Write the full weights to $SM_MODEL_DIR at the end."""
+    kernels: str = "off"
+    """trainyard.kernels ops for the norms, SwiGLU MLPs, rotary embeddings and (without TP or PP) the loss:
+    off, eager (eager-chunked: the ops' references, the loss chunked so the logits are never whole),
+    triton (CUDA; CPU under TRITON_INTERPRET=1) or auto (Triton where it runs, else eager)."""
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS and self.model != "hf":
@@ -100,6 +106,8 @@ class TrainConfig:
             raise ValueError(f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.kernels not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {list(KERNEL_MODES)}, got {self.kernels!r}")
         if self.token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {self.token_dtype!r}")
         if self.model in MODEL_CONFIGS and self.seq_len > MODEL_CONFIGS[self.model].max_seq_len:

@@ -15,7 +15,6 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainyard.engine import api
@@ -33,10 +32,10 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def token_loss(output, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the tokens, from logits or an HF output; with vocab-sharded DTensor logits
-    (under the built-in model's loss context) the full logits are never gathered."""
-    logits = output.logits if hasattr(output, "logits") else output
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    """Mean cross-entropy over the tokens, from logits, an HF output or the fused loss's hidden states
+    (api.lm_loss); with vocab-sharded DTensor logits (under the built-in model's loss context) the full
+    logits are never gathered."""
+    return api.lm_loss(output, targets)
 
 
 def build_hf(channel: str) -> tuple[nn.Module, str]:
@@ -72,7 +71,7 @@ class Trainer:
             model, vocab = build_model(MODEL_CONFIGS[cfg.model]), MODEL_CONFIGS[cfg.model].vocab_size
         self.params = count_parameters(model)
         self.model = api.transform(model, mixed_precision=None if self.dtype == torch.float32 else self.dtype,
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, kernels=cfg.kernels)
         self.layout = api._layout(self.model)
         if hf_dir and _has_weights(hf_dir):
             report = api.load_pretrained(self.model, hf_dir)

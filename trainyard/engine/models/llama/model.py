@@ -127,13 +127,17 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
+    def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q and k rotated (trainyard/engine/models/fused.py puts trainyard.kernels.apply_rope here)."""
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
         # -1 instead of the head counts keeps this valid when tensor parallelism splits the heads.
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, k, cos, sin)
         # Each key/value head serves n_heads / n_kv_heads query heads.
         repeat = q.shape[2] // k.shape[2]
         if repeat > 1:
@@ -186,13 +190,17 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (after the last norm): what the LM head reads."""
         if tokens.shape[1] > self.config.max_seq_len:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_seq_len {self.config.max_seq_len}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for block in self.layers.values():
             h = block(h, self.rope_cos, self.rope_sin)
-        h = self.norm(h) if self.norm is not None else h
+        return self.norm(h) if self.norm is not None else h
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.hidden(tokens)
         return self.output(h) if self.output is not None else h
 
 

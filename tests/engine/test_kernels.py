@@ -1,0 +1,80 @@
+"""`transform(model, kernels=...)` (trainyard/engine/models/fused.py): the built-in model and an HF Llama train
+the same with the ops swapped in as without them, one process, fp32 (tolerance: 1e-4 relative on each of
+3 steps' losses: the ops round differently from the modules in float32 (1e-7 on the first loss), and two
+AdamW steps carry that into the weights; the Triton path runs under TRITON_INTERPRET=1)."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import trainyard.engine as te
+from trainyard.engine.models.fused import LMHidden, backend_of
+from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model
+
+STEPS = 3
+REL = 1e-4
+
+
+@pytest.fixture
+def engine():
+    ctx = te.init({})
+    yield ctx
+    te.finish()
+
+
+def _hf():
+    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def _batches(vocab: int) -> list[torch.Tensor]:
+    """The same two sequences every step: the loss falls, so equal losses mean equal training."""
+    rows = torch.randint(0, vocab, (2, 17), generator=torch.Generator().manual_seed(0))
+    return [rows] * STEPS
+
+
+def _losses(build, kernels, vocab: int) -> tuple[list[float], torch.nn.Module]:
+    with torch.device("meta"):
+        model = build()
+    model = te.transform(model, kernels=kernels, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for rows in _batches(vocab):
+        loss = te.lm_loss(model(rows[:, :-1]), rows[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("kernels", ["eager", "triton"])
+def test_the_builtin_model_trains_the_same_with_kernels(engine, kernels, capsys):
+    cfg = MODEL_CONFIGS["tiny"]
+    want, _ = _losses(lambda: build_model(cfg), None, cfg.vocab_size)
+    got, model = _losses(lambda: build_model(cfg), kernels, cfg.vocab_size)
+    assert got == pytest.approx(want, rel=REL)
+    assert want[-1] < want[0]  # it learns: the comparison is not between two constants
+    out = capsys.readouterr().out
+    n = cfg.n_layers
+    assert f"kernels ({kernels}): rms_norm {2 * n + 1}, swiglu {n}, rope {n}, loss 1" in out
+    assert isinstance(model(torch.zeros(1, 4, dtype=torch.long)), LMHidden)
+
+
+def test_an_hf_llama_trains_the_same_with_kernels(engine, capsys, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    # the swap replaces the family's rotary function process-wide: the test puts it back afterwards
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
+    want, _ = _losses(_hf, None, 96)
+    got, model = _losses(_hf, "eager", 96)
+    assert got == pytest.approx(want, rel=REL)
+    assert "kernels (eager): rms_norm 5, swiglu 2, rope 2, loss 1" in capsys.readouterr().out
+    out = model(torch.zeros(1, 4, dtype=torch.long))
+    assert isinstance(out, LMHidden) and out.logits.shape == (1, 4, 96)  # logits on demand
+
+
+def test_kernel_modes_are_checked():
+    assert [backend_of(k) for k in (None, "off", "eager", "eager-chunked", "triton", True)] == \
+        [None, None, "eager", "eager", "triton", "auto"]
+    with pytest.raises(ValueError, match="kernels='fast': use one of off, eager"):
+        backend_of("fast")
