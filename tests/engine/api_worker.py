@@ -4,7 +4,7 @@ argv[1] is a JSON list of cases, argv[2] the output JSON. Kinds of case:
 - "oracle": train `model` ("hf" LlamaForCausalLM, "mlp" a residual MLP whose blocks sit in a ModuleList named
   `stack`, "llama" the built-in Transformer) for STEPS steps through the API only, on `distribution`, and
   compare the gathered weights with an unsharded single-process oracle trained on the same global batches:
-  {"worst_rel_err": ...}.
+  {"worst_rel_err": ...}. With "kernels", the sharded side runs with trainyard.kernels swapped in.
 - "curve": train steps `start+1..steps` (resuming with load_checkpoint from `uri` when it holds a step),
   saving at `save_at`; returns the loss of every step it ran.
 - "export": train 1 step on `distribution`, save_model to `dir`; rank 0 also writes the logits of the trained
@@ -57,6 +57,8 @@ def build(kind: str) -> nn.Module:
 
 
 def loss_fn(output, targets):
+    if isinstance(output, te.LMHidden):  # transformed with kernels: the fused linear + cross-entropy
+        return te.lm_loss(output, targets)
     logits = output.logits if hasattr(output, "logits") else output
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
@@ -112,7 +114,7 @@ def oracle(kind: str, rows: int, steps: int) -> dict:
 
 def run_oracle(case: dict, ctx) -> dict:
     d = case["distribution"]
-    model = te.transform(fresh(case["model"]), distribution=d, seed=SEED)
+    model = te.transform(fresh(case["model"]), distribution=d, seed=SEED, kernels=case.get("kernels"))
     layout = getattr(model, "_trainyard_layout")
     m, pipelined = case["microbatches"], layout.dims.pp > 1
     rows = layout.dims.dp * m * case.get("rows_per_microbatch", 1)

@@ -2,6 +2,8 @@
 the same with the ops swapped in as without them, one process, fp32 (tolerance: 1e-4 relative on each of
 3 steps' losses: the ops round differently from the modules in float32 (1e-7 on the first loss), and two
 AdamW steps carry that into the weights; the Triton path runs under TRITON_INTERPRET=1)."""
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -10,8 +12,11 @@ import trainyard.engine as te
 from trainyard.engine.models.fused import LMHidden, backend_of
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model
 
+from .launch import run_on_two_hosts
+
 STEPS = 3
 REL = 1e-4
+WORKER = os.path.join(os.path.dirname(__file__), "api_worker.py")
 
 
 @pytest.fixture
@@ -78,3 +83,20 @@ def test_kernel_modes_are_checked():
         [None, None, "eager", "eager", "triton", "auto"]
     with pytest.raises(ValueError, match="kernels='fast': use one of off, eager"):
         backend_of("fast")
+
+
+@pytest.mark.slow
+def test_sharded_layouts_with_kernels_match_the_single_process_oracle(tmp_path):
+    """2 hosts x 2 processes, the ops' eager references swapped in, against one unsharded process without them
+    (tests/engine/api_worker.py): under MiCS the fused loss reads the head's gathered weight; under TP the
+    sequence-parallel norms see local tensors and give their weight gradients back as partial sums."""
+    cases = [
+        {"name": "llama mics p4 fused loss", "model": "llama", "distribution": {"mics": {"partition_group_size": 4}}},
+        {"name": "hf mics p2 fused loss", "model": "hf", "distribution": {"mics": {"partition_group_size": 2}}},
+        {"name": "llama tp2 x mics", "model": "llama",
+         "distribution": {"tensor_parallel_degree": 2, "mics": {"partition_group_size": 2}}},
+    ]
+    results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2, "kernels": "eager"}
+                                        for c in cases], tmp_path)
+    for case in cases:  # the same bound as without kernels (test_api.py): the ops change rounding only
+        assert results[case["name"]]["worst_rel_err"] < 1e-5, (case["name"], results[case["name"]])

@@ -8,6 +8,11 @@
 
 Which implementation runs is decided per call (dispatch.py): Triton on CUDA tensors and, under
 TRITON_INTERPRET=1, on CPU tensors; the eager reference otherwise. Imported by the engine only.
+
+No AdamW here: `torch.optim.AdamW(fused=True)` (what the built-in trainer uses on CUDA) already updates every
+parameter of a group in one multi-tensor kernel, fp32 math, over FSDP2's local shards. The step is one
+memory-bound pass (read parameter, gradient and both moments, write three of them back: 28 bytes per fp32
+element), with no neighbouring op to fuse it with; a Triton version could at best tie it.
 """
 from trainyard.kernels.rope import apply_rope
 from trainyard.kernels.cross_entropy import fused_linear_cross_entropy, vocab_parallel_fused_linear_cross_entropy

@@ -23,11 +23,14 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: f
 
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings, none on vectors (norm weights)."""
+    """AdamW with weight decay on matrices and embeddings, none on vectors (norm weights). On CUDA it is
+    PyTorch's fused AdamW (one multi-tensor kernel per step over the shards' local tensors; why trainyard.kernels
+    has no AdamW of its own: see its docstring); elsewhere PyTorch's default (foreach)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+    fused = all(p.is_cuda for p in decay + no_decay) or None
+    return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS, fused=fused)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
