@@ -42,3 +42,5 @@ bench: $(STAMP)
 	$(PY) bench/parallel3d.py --json bench/results/parallel3d.json
 	$(PY) bench/checkpoint.py --json bench/results/checkpoint.json
 	$(PY) bench/engine_api.py --json bench/results/engine_api.json
+	$(PY) bench/kernels.py --json bench/results/kernels.json
+	$(PY) bench/kernels_step.py --json bench/results/kernels_step.json

@@ -98,6 +98,9 @@ def test_one_token_and_leading_dimensions(backend):
     got = _ours(*batched, backend=backend, chunk_size=3)
     _close(got, _reference(*batched))
     assert got[1].shape == (2, 5, 8)
+    hidden, weight, targets = _data(14, 8, 13, seed=3)  # strided views: a transposed hidden, every 2nd target
+    strided = (hidden.t().contiguous().t()[::2], weight, targets[::2])
+    _close(_ours(*strided, backend=backend, chunk_size=3), _reference(*strided))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

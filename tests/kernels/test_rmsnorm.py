@@ -26,6 +26,8 @@ import torch
 from trainyard.kernels import rms_norm
 from trainyard.kernels import rmsnorm as R
 
+from .helpers import count_calls
+
 pytestmark = pytest.mark.skipif(not R.dispatch.triton_installed(), reason="Triton is not installed")
 
 EPS = 1e-6
@@ -42,15 +44,7 @@ def interpret(monkeypatch):
 @pytest.fixture
 def triton_calls(monkeypatch):
     """Counts the Triton forward launches (the wrapped launcher still runs)."""
-    calls = []
-    launch = R._forward_triton
-
-    def counted(*args):
-        calls.append(args)
-        return launch(*args)
-
-    monkeypatch.setattr(R, "_forward_triton", counted)
-    return calls
+    return count_calls(monkeypatch, R)
 
 
 def _inputs(shape, dtype, seed=0):

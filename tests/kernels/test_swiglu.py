@@ -24,6 +24,8 @@ import torch
 
 from trainyard.kernels import swiglu
 
+from .helpers import count_calls
+
 # The module, by its name: `trainyard.kernels.swiglu` as an attribute is the function, which the package's
 # `from trainyard.kernels.swiglu import swiglu` binds over the submodule (so `import ... as` gives the function).
 S = importlib.import_module("trainyard.kernels.swiglu")
@@ -42,15 +44,7 @@ def interpret(monkeypatch):
 @pytest.fixture
 def triton_calls(monkeypatch):
     """Counts the Triton forward launches (the wrapped launcher still runs)."""
-    calls = []
-    launch = S._forward_triton
-
-    def counted(*args):
-        calls.append(args)
-        return launch(*args)
-
-    monkeypatch.setattr(S, "_forward_triton", counted)
-    return calls
+    return count_calls(monkeypatch, S)
 
 
 def _inputs(shape, dtype, seed=0):

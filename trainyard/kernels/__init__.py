@@ -14,7 +14,9 @@ parameter of a group in one multi-tensor kernel, fp32 math, over FSDP2's local s
 memory-bound pass (read parameter, gradient and both moments, write three of them back: 28 bytes per fp32
 element), with no neighbouring op to fuse it with; a Triton version could at best tie it.
 """
-from trainyard.kernels.rope import apply_rope
 from trainyard.kernels.cross_entropy import fused_linear_cross_entropy, vocab_parallel_fused_linear_cross_entropy
 from trainyard.kernels.rmsnorm import rms_norm
+from trainyard.kernels.rope import apply_rope
 from trainyard.kernels.swiglu import swiglu
+
+__all__ = ["rms_norm", "swiglu", "apply_rope", "fused_linear_cross_entropy", "vocab_parallel_fused_linear_cross_entropy"]

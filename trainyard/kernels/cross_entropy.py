@@ -27,9 +27,10 @@ then take C * V * 4 <= V * H bytes: at most a quarter of the (V, H) float32 grad
 anyway, so chunking adds at most 25% to the memory a fused op cannot avoid, whatever V and N; and the
 grad_weight accumulation, which reads and writes that buffer once per chunk (8 V H bytes for 6 C V H flops
 of matmuls), keeps an arithmetic intensity of 0.75 C = 0.19 H flops/byte (768 at H = 4096): compute-bound
-on an H100, where Liger's rule (chunk logits about the size of hidden: C = N H / V, 256 tokens for Llama 3
-8B's 8k tokens) reads and writes the 2 GiB buffer 32 times. Llama 3 8B (H 4096, V 128256): C = 1024,
-525 MB of float32 logits per chunk, against 4.2 GB (8k tokens) for the full logits.
+on an H100 (ridge ~300), where Liger's rule (chunk logits about the size of hidden: C = N H / V, 256 tokens
+for Llama 3 8B's 8k tokens) would read and write the 2 GiB float32 buffer 32 times (intensity 192).
+Llama 3 8B (H 4096, V 128256): C = 1024, 525 MB of float32 logits per chunk, against 4.2 GB (8k tokens)
+for the full logits.
 
 Which implementation runs is `dispatch.choose(backend, hidden)`: "triton" (CUDA, or CPU under
 TRITON_INTERPRET=1) runs `_ce_rows_kernel` per chunk; "eager" (the chunked eager mode: what CPU runs without
@@ -42,7 +43,6 @@ loss; grad_hidden is summed over the group once at the end, grad_weight stays th
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -102,7 +102,8 @@ def _flatten(hidden, weight, targets, reduction):
                          f"{weight.dtype} on {weight.device}: give both the same dtype and device")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ValueError(f"fused_linear_cross_entropy: targets are {targets.dtype}: class indices (int64)")
-    return hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
+    # the Triton kernel reads targets at unit stride
+    return hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long().contiguous()
 
 
 def _math_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -133,7 +134,7 @@ def _(hidden, weight, targets, ignore_index, reduction, backend, chunk_size):
     math = _math_dtype(hidden.dtype)
     if reduction == "none":
         return hidden.new_empty(hidden.shape[0], dtype=math), hidden.new_empty(0), hidden.new_empty(0, dtype=math)
-    return hidden.new_empty((), dtype=math), torch.empty_like(hidden), weight.new_empty(weight.shape, dtype=math)
+    return hidden.new_empty((), dtype=math), hidden.new_empty(hidden.shape), weight.new_empty(weight.shape, dtype=math)
 
 
 @torch.library.custom_op("trainyard::fused_linear_cross_entropy_backward", mutates_args=())
@@ -147,7 +148,7 @@ def _flce_backward_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
 
 @_flce_backward_op.register_fake
 def _(hidden, weight, targets, grad_rows, ignore_index, backend, chunk_size):
-    return torch.empty_like(hidden), weight.new_empty(weight.shape, dtype=_math_dtype(weight.dtype))
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape, dtype=_math_dtype(weight.dtype))
 
 
 def _setup_context(ctx, inputs, output):
@@ -204,7 +205,7 @@ def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk):
     math = _math_dtype(hidden.dtype)
     grads = scale is not None
     rows = torch.empty(n, dtype=math, device=hidden.device)
-    grad_hidden = torch.empty_like(hidden) if grads else None
+    grad_hidden = hidden.new_empty(hidden.shape) if grads else None  # contiguous: chunks are written with out=
     grad_weight = torch.zeros((v, h), dtype=math, device=hidden.device) if grads else None
     chunk = max(1, min(chunk, n))
     # one chunk's logits, reused by every chunk (on CPU a fresh buffer per chunk costs a page-faulting mmap);
@@ -292,18 +293,8 @@ def _rows_triton(logits, targets, scale, ignore_index):
     return losses
 
 
-def _device(x):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
-def _kernel(fn):
-    """`fn` jitted by Triton for the current mode: `triton.jit` reads TRITON_INTERPRET when it wraps."""
-    return _jitted(fn, dispatch.interpreting())
-
-
-@functools.cache
-def _jitted(fn, interpret: bool):
-    return triton.jit(fn)
+_device = dispatch.on_device
+_kernel = dispatch.jit
 
 
 def _ce_rows_kernel(LOGITS, stride_row, TARGETS, SCALE, stride_scale, LOSSES, V, ignore_index,
@@ -384,7 +375,7 @@ def _vocab_parallel_chunked(hidden, weight, targets, vocab_start, group, ignore_
     scale = 1.0 / count.clamp(min=1).to(math) if reduction == "mean" else torch.ones((), dtype=math,
                                                                                       device=hidden.device)
     rows = torch.empty(n, dtype=math, device=hidden.device)
-    grad_hidden = torch.empty_like(hidden)
+    grad_hidden = hidden.new_empty(hidden.shape)
     grad_weight = torch.zeros((v_local, h), dtype=math, device=hidden.device)
     chunk = max(1, min(chunk, n))
     for start in range(0, n, chunk):

@@ -11,6 +11,7 @@ without it every op is eager.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -45,3 +46,25 @@ def choose(backend: str, tensor) -> str:
             f"the tensors are on {tensor.device}: Triton runs on CUDA, or on CPU with TRITON_INTERPRET=1"
         raise RuntimeError(f"backend='triton': {why}; use backend='auto' or 'eager'")
     return "eager"
+
+
+def jit(fn):
+    """`fn` jitted by Triton for the current mode, once per mode: `triton.jit` reads TRITON_INTERPRET when it
+    wraps a function, so a kernel module can be imported before a test sets the switch."""
+    return _jitted(fn, interpreting())
+
+
+@functools.cache
+def _jitted(fn, interpret: bool):
+    import triton  # only here: a kernel module imports without Triton (the eager paths need none)
+
+    return triton.jit(fn)
+
+
+def on_device(tensor):
+    """The context a kernel launch needs: the tensor's CUDA device (nothing on CPU)."""
+    if tensor.is_cuda:
+        import torch
+
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()

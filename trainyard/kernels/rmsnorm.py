@@ -30,8 +30,6 @@ Triton kernels:
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 
 import torch
 
@@ -181,18 +179,8 @@ def _tl(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _device(x):
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-
-
-def _kernel(fn):
-    """`fn` jitted by Triton for the current mode: `triton.jit` reads TRITON_INTERPRET when it wraps."""
-    return _jitted(fn, dispatch.interpreting())
-
-
-@functools.cache
-def _jitted(fn, interpret: bool):
-    return triton.jit(fn)
+_device = dispatch.on_device
+_kernel = dispatch.jit
 
 
 def _rms_norm_fwd_kernel(X, W, Y, RSTD, N, eps, BLOCK: tl.constexpr, NORM: tl.constexpr,

@@ -38,8 +38,6 @@ transposed view, no copy); offsets are int64.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 
 import torch
 
@@ -123,12 +121,6 @@ def _rope_kernel(
     tl.store(o_row + second[None, :] * so_d, o2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.cache
-def _kernel(interpret: bool):
-    """The jitted kernel for one mode; `interpret` is only the cache key (triton.jit reads TRITON_INTERPRET)."""
-    return triton.jit(_rope_kernel)
-
-
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, *, interleaved: bool,
             inverse: bool) -> None:
     batch, seq, heads, dim = x.shape
@@ -142,8 +134,8 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Te
     c_strides = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
     s_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
     # Triton launches on the current CUDA device: make it x's.
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _kernel(dispatch.interpreting())[grid](
+    with dispatch.on_device(x):
+        dispatch.jit(_rope_kernel)[grid](
             x, out, cos, sin,
             seq, heads, half,
             *x.stride(), *out.stride(), *c_strides, *s_strides,

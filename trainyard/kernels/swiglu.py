@@ -16,8 +16,6 @@ int64 offsets; the forward and the backward (da and db in one pass) are separate
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -116,18 +114,8 @@ def _compute(a, b):
     return tl.float64 if torch.float64 in (a.dtype, b.dtype) else tl.float32
 
 
-def _device(a):
-    return torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext()
-
-
-def _kernel(fn):
-    """`fn` jitted by Triton for the current mode: `triton.jit` reads TRITON_INTERPRET when it wraps."""
-    return _jitted(fn, dispatch.interpreting())
-
-
-@functools.cache
-def _jitted(fn, interpret: bool):
-    return triton.jit(fn)
+_device = dispatch.on_device
+_kernel = dispatch.jit
 
 
 def _swiglu_fwd_kernel(A, B, OUT, n, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
