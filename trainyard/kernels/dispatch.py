@@ -17,11 +17,12 @@ import importlib.util
 import os
 
 BACKENDS = ("auto", "triton", "eager")
+# looked up once, at import: a plain constant is what torch.compile traces through best (no cache wrapper)
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
-@functools.cache
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def interpreting() -> bool:

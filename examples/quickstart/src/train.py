@@ -53,4 +53,5 @@ for epoch in range(start + 1, start + args.epochs + 1):
         torch.save({"model": model.state_dict(), "epoch": epoch}, ckpt)
 if rank == 0:
     torch.save(model.state_dict(), os.path.join(args.model_dir, "model.pt"))
+dist.barrier()  # leave together: a rank that tears gloo down while another still talks to it can abort
 dist.destroy_process_group()

@@ -47,7 +47,7 @@ MODES = {None: None, False: None, "off": None, "eager": "eager", "eager-chunked"
 
 def backend_of(kernels_arg) -> str | None:
     """The ops' backend for `transform(kernels=...)` / the `kernels` hyperparameter; None: nothing swapped."""
-    if kernels_arg not in MODES:
+    if not isinstance(kernels_arg, (str, bool, type(None))) or kernels_arg not in MODES:
         raise ValueError(f"kernels={kernels_arg!r}: use one of off, eager (eager-chunked), triton, auto")
     return MODES[kernels_arg]
 
