@@ -19,14 +19,6 @@ from .launch import run_on_two_hosts
 WORKER = os.path.join(os.path.dirname(__file__), "api_worker.py")
 
 
-@pytest.fixture
-def engine():
-    """A one-process engine context, left again after the test."""
-    ctx = te.init({})
-    yield ctx
-    te.finish()
-
-
 def test_parallelism_parses_typed_and_sagemaker_forms():
     typed = Parallelism.parse({"tensor_parallel_degree": 2, "mics": {"partition_group_size": 2}})
     assert (typed.tp, typed.partition_group_size) == (2, 2)

@@ -19,13 +19,6 @@ REL = 1e-4
 WORKER = os.path.join(os.path.dirname(__file__), "api_worker.py")
 
 
-@pytest.fixture
-def engine():
-    ctx = te.init({})
-    yield ctx
-    te.finish()
-
-
 def _hf():
     return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))

@@ -25,12 +25,11 @@ so that key order is write order. Nothing here imports boto3.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 
-from trainyard.job.storage import s3_client
+from trainyard.job import storage
 from trainyard.job.uris import join, split_s3
 
 METRICS_FILE = "metrics.jsonl"
@@ -48,15 +47,7 @@ def part_uri(state_uri: str, host: str, attempt: int, part: int) -> str:
 
 
 def put_bytes(uri: str, data: bytes) -> None:
-    if uri.startswith("s3://"):
-        bucket, key = split_s3(uri)
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/x-ndjson")
-    else:
-        path = uri[len("file://"):]
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".partial", "wb") as fh:
-            fh.write(data)
-        os.replace(path + ".partial", path)
+    storage.put_bytes(uri, data, "application/x-ndjson")
 
 
 def read_parts(s3, state_uri: str, host: str, after: str | None) -> tuple[bytes, str | None]:

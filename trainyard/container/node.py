@@ -53,6 +53,7 @@ from trainyard.container.staging import FSX_ROOT, stage_channel
 from trainyard.job.facts import RDZV_PORT
 from trainyard.job.jsonio import now_iso
 from trainyard.job.spec import JobSpec
+from trainyard.job import storage
 from trainyard.job.storage import s3_client
 from trainyard.job.uris import join, split_s3
 
@@ -101,15 +102,7 @@ def default_interface() -> str:
 
 
 def put_text(uri: str, text: str) -> None:
-    if uri.startswith("s3://"):
-        bucket, key = split_s3(uri)
-        s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode(), ContentType="application/json")
-    else:
-        path = uri[len("file://"):]
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".partial", "w") as fh:
-            fh.write(text)
-        os.replace(path + ".partial", path)
+    storage.put_bytes(uri, text.encode(), "application/json")
 
 
 def get_text(uri: str) -> str:

@@ -40,6 +40,20 @@ def _local(uri: str) -> str:
     return uri[len("file://") :]
 
 
+def put_bytes(uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+    """Write `data` as one object (`s3://`), or as a file that appears whole (`file://`: written beside it,
+    then renamed)."""
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type)
+    else:
+        path = _local(uri)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".partial", "wb") as fh:
+            fh.write(data)
+        os.replace(path + ".partial", path)
+
+
 def put_file(local_path: str, uri: str, s3=None) -> None:
     """Copy a file to `uri`; `s3`: the client for an `s3://` URI (default: `s3_client()`)."""
     if uri.startswith("s3://"):
