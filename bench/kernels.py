@@ -51,6 +51,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # CPU runs the ops' eager paths, never
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from trainyard.engine.components.meter import cpu_peak_bytes  # noqa: E402
+
 LLAMA = {"hidden": 4096, "ffn": 14336, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 128256,
          "tokens": 8192}
 CPU_TOKENS = 1024  # tokens for the elementwise ops on CPU (their memory scales linearly with tokens)
@@ -204,25 +206,11 @@ def reset_grads(case: Case, inputs) -> None:
                 t.grad = None
 
 
-def cpu_peak(fn) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = peak = 0
-    for e in events:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return peak
-
-
 def measure(case: Case, fn, inputs, grads, repeats: int) -> dict:
     if not torch.cuda.is_available():
         reset_grads(case, inputs)
         t = time.perf_counter()
-        peak = cpu_peak(lambda: step(fn, inputs, grads))
+        peak = cpu_peak_bytes(lambda: step(fn, inputs, grads))
         return {"ms": None, "peak_mb": peak / 1e6, "wall_s": time.perf_counter() - t}
     for _ in range(WARMUP):
         reset_grads(case, inputs)

@@ -74,6 +74,9 @@ def test_an_hf_llama_trains_the_same_with_kernels(engine, capsys, monkeypatch):
 def test_kernel_modes_are_checked():
     assert [backend_of(k) for k in (None, "off", "eager", "eager-chunked", "triton", True)] == \
         [None, None, "eager", "eager", "triton", "auto"]
+    from trainyard.engine.config import KERNEL_MODES
+
+    assert all(backend_of(mode) in (None, "eager", "triton", "auto") for mode in KERNEL_MODES)  # the hyperparameter's
     with pytest.raises(ValueError, match="kernels='fast': use one of off, eager"):
         backend_of("fast")
 

@@ -6,17 +6,13 @@ import torch
 from trainyard import kernels
 
 
-@pytest.fixture(autouse=True)
-def interpret(monkeypatch):  # the compiled graph calls the ops' Triton kernels through the interpreter
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def _block(x, w, gate, up, q, k, cos, sin, head, targets):
     h = kernels.rms_norm(x, w, 1e-6) + kernels.swiglu(gate, up)
     q, k = kernels.apply_rope(q, k, cos, sin, layout="pairs")
     return kernels.fused_linear_cross_entropy(h, head, targets) + q.square().mean() + k.square().mean()
 
 
+@pytest.mark.usefixtures("interpret")  # the compiled graph calls the ops' Triton kernels through the interpreter
 def test_a_compiled_full_graph_matches_eager_values_and_gradients():
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)

@@ -18,8 +18,8 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
+from trainyard.engine.components.meter import cpu_peak_bytes
 from trainyard.kernels import cross_entropy as ce
 from trainyard.kernels import dispatch, fused_linear_cross_entropy, vocab_parallel_fused_linear_cross_entropy
 
@@ -208,22 +208,6 @@ def test_opcheck_backward_op():
 
 # ---- memory ------------------------------------------------------------------------------------------
 
-def peak_bytes(fn) -> int:
-    """Peak of the bytes allocated while `fn` runs, above what was allocated when it started. torch's CPU
-    allocations are invisible to tracemalloc and RSS depends on glibc's arenas and on pages being touched,
-    so this reads the profiler's allocator events (`profile_memory=True`: every allocation and free, with
-    its size) and takes the running sum's maximum: exact and deterministic."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    now = peak = 0
-    for e in events:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return peak
-
-
 def test_extra_peak_memory_is_a_fraction_of_eager():
     """V 32000, H 256, 1024 tokens, float32. Eager holds the (N, V) logits, their log-softmax and their
     gradient (131 MB each); the op holds its (V, H) float32 grad_weight buffer (33 MB), one chunk of
@@ -240,7 +224,7 @@ def test_extra_peak_memory_is_a_fraction_of_eager():
     def ours():
         fused_linear_cross_entropy(hidden, weight, targets, backend="eager").backward()
 
-    fused, full = peak_bytes(ours), peak_bytes(eager)
+    fused, full = cpu_peak_bytes(ours), cpu_peak_bytes(eager)
     buffer = v * h * 4
     assert full >= 3 * n * v * 4  # what eager holds at its peak: logits, log-softmax, their gradient
     assert fused <= buffer + 2 * ce.chunk_size_for(h, n) * v * 4 + 2 * n * h * 4 + (1 << 20)

@@ -1,7 +1,7 @@
 """trainyard.kernels.rms_norm: the Triton kernels (run by Triton's interpreter on CPU) against the eager
 reference and plain float32/float64 PyTorch, the custom op's registrations, and which implementation runs.
 
-Every test runs with TRITON_INTERPRET=1 (the autouse fixture; monkeypatched, so it does not leak into the
+Every test runs with TRITON_INTERPRET=1 (the `interpret` fixture of conftest.py; monkeypatched, so it does not leak into the
 rest of the session). The kernels are jitted lazily for the current mode, so when triton was imported makes
 no difference. Shapes stay small: the interpreter runs one program at a time.
 
@@ -28,17 +28,13 @@ from trainyard.kernels import rmsnorm as R
 
 from .helpers import count_calls
 
-pytestmark = pytest.mark.skipif(not R.dispatch.triton_installed(), reason="Triton is not installed")
+pytestmark = [pytest.mark.skipif(not R.dispatch.triton_installed(), reason="Triton is not installed"),
+              pytest.mark.usefixtures("interpret")]
 
 EPS = 1e-6
 # hidden 1, 3, 67, 130 (odd, not powers of two: masked columns), one row, 3-D; 7 rows spread over the
 # backward's 4 programs as 2+2+2+1 rows (a short last program).
 SHAPES = [(1, 1), (4, 3), (1, 67), (7, 67), (2, 3, 130)]
-
-
-@pytest.fixture(autouse=True)
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

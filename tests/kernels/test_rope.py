@@ -29,12 +29,6 @@ BF16 = dict(atol=1e-2, rtol=1e-2)
 SHAPES = [(2, 3, 4, 2, 8), (1, 1, 1, 1, 2), (2, 5, 3, 1, 6), (1, 2, 2, 2, 130)]
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    """Triton's interpreter for CPU tensors (rope.py jits its kernel per mode, at first use)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def make(layout, batch, seq, hq, hk, dim, *, dtype=torch.float32, table_rows=None, per_batch=False, seed=0):
     """q, k and the tables of `layout`, as each model gives them: "hf" (batch or 1, seq, D) halves repeated,
     "pairs" (table_rows >= seq, D/2) from the built-in model's rope_tables."""

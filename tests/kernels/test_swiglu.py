@@ -1,7 +1,7 @@
 """trainyard.kernels.swiglu: the Triton kernels (run by Triton's interpreter on CPU) against the eager
 reference and plain PyTorch formulas, the custom op's registrations, and which implementation runs.
 
-Every test runs with TRITON_INTERPRET=1 (the autouse fixture; monkeypatched, so it does not leak into the
+Every test runs with TRITON_INTERPRET=1 (the `interpret` fixture of conftest.py; monkeypatched, so it does not leak into the
 rest of the session). The kernels are jitted lazily for the current mode, so when triton was imported makes
 no difference. Shapes stay small: the interpreter runs one program at a time.
 
@@ -30,15 +30,11 @@ from .helpers import count_calls
 # `from trainyard.kernels.swiglu import swiglu` binds over the submodule (so `import ... as` gives the function).
 S = importlib.import_module("trainyard.kernels.swiglu")
 
-pytestmark = pytest.mark.skipif(not S.dispatch.triton_installed(), reason="Triton is not installed")
+pytestmark = [pytest.mark.skipif(not S.dispatch.triton_installed(), reason="Triton is not installed"),
+              pytest.mark.usefixtures("interpret")]
 
 # one element, odd sizes (masked tail of the 1024-element block), 3-D, more than one block (2500 elements)
 SHAPES = [(1,), (3,), (4, 67), (2, 3, 130), (2500,)]
-
-
-@pytest.fixture(autouse=True)
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ n ranks: all-gather and reduce-scatter M (n-1)/n, all-reduce 2 M (n-1)/n. docs/e
 per-step totals of ZeRO-3, MiCS and hierarchical MiCS from these.
 
 `model_state_bytes(model, optimizer)` is what this rank actually holds: the storage bytes of its
-parameter shards, gradient shards and optimizer states.
+parameter shards, gradient shards and optimizer states. `cpu_peak_bytes(fn)` is the most CPU memory torch
+allocated while `fn` ran, above what it held before (the kernels' memory tests and bench/kernels.py).
 """
 from __future__ import annotations
 
@@ -204,3 +205,21 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
             optim += sum(size(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
     return {"param_bytes": params, "grad_bytes": grads, "optim_bytes": optim,
             "model_state_bytes": params + grads + optim}
+
+
+def cpu_peak_bytes(fn) -> int:
+    """Peak of the bytes torch allocates on the CPU while `fn` runs, above what was allocated when it started.
+    tracemalloc does not see torch's allocations and RSS depends on glibc's arenas and on pages being touched,
+    so this reads the profiler's allocator events (`profile_memory=True`: every allocation and free, with its
+    size) and takes the running sum's maximum: exact and deterministic."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for e in events:
+        now += e.nbytes()
+        peak = max(peak, now)
+    return peak

@@ -19,7 +19,6 @@ failure, and Ctrl-C, tears down what was created so far before it propagates.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import os
 import time
@@ -140,19 +139,13 @@ class Cluster:
         return vpc["VpcId"], vpc["CidrBlock"]
 
     def _create_subnet(self, zone: str) -> str:
-        """A subnet in `zone` of the default VPC, in the first free /20 of its range."""
+        """A subnet in `zone` of the default VPC, in the first free /20 of its range (network.free_block)."""
         vpcs = self.ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
         if not vpcs:
             raise RuntimeError("no default VPC to create a subnet in: pass subnets=[...] (private subnets with a "
                                "NAT gateway or VPC endpoints for S3, ECR and CloudWatch Logs)")
         vpc = vpcs[0]
-        taken = [ipaddress.ip_network(s["CidrBlock"]) for s in
-                 self.ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])["Subnets"]]
-        for candidate in ipaddress.ip_network(vpc["CidrBlock"]).subnets(new_prefix=SUBNET_PREFIX):
-            if not any(candidate.overlaps(t) for t in taken):
-                break
-        else:
-            raise RuntimeError(f"no free /{SUBNET_PREFIX} left in {vpc['VpcId']} ({vpc['CidrBlock']}): pass subnets=[...]")
+        candidate = network.free_block(self.ec2, vpc, SUBNET_PREFIX)
         subnet = self.ec2.create_subnet(VpcId=vpc["VpcId"], CidrBlock=str(candidate), AvailabilityZone=zone,
                                         TagSpecifications=self._tags("subnet"))["Subnet"]["SubnetId"]
         self.ledger.add("subnet", subnet, zone=zone)
