@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from trainyard.engine.distributed.ac import apply_ac
 from trainyard.engine.components.data import SyntheticSource, micro_batches, rank_rows
 from trainyard.engine.distributed.mics import (HierarchicalAllGather, HierarchicalReduceScatter, MiCSConfig, apply_mics,
-                                   sync_microbatch)
+                                               replica_sync, sync_microbatch)
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
 from trainyard.engine.distributed.dims import ParallelDims
@@ -47,29 +47,67 @@ def oracle(global_batch: int) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
-def run(case: dict, pph: int) -> dict[str, torch.Tensor]:
-    world, rank = dist.get_world_size(), dist.get_rank()
-    dims = ParallelDims(dp_replicate=case["dp_replicate"], dp_shard=case["dp_shard"], world_size=world,
+def config(case: dict) -> MiCSConfig:
+    native = case.get("replica_sync") == "native" or not case.get("two_hop", True)
+    return MiCSConfig(hierarchical=case["hierarchical"], cpu_offload=case.get("cpu_offload", False),
+                      reshard_after_forward=case.get("reshard_after_forward", True),
+                      replica_sync="native" if native else "bucketed", replica_bucket_mb=case.get("bucket_mb", 0.01),
+                      replica_compression=case.get("compression"), hierarchical_chunks=case.get("chunks", 3))
+
+
+def build(case: dict, pph: int):
+    """The case's model sharded (and its replica sync, if any) on a fresh mesh."""
+    dims = ParallelDims(dp_replicate=case["dp_replicate"], dp_shard=case["dp_shard"], world_size=dist.get_world_size(),
                         processes_per_host=pph)
     dims.build_mesh("cpu")
     model = build_model(CFG)
-    apply_ac(list(model.layers.values()), case.get("ac", "none"))
-    apply_mics(model, list(model.layers.values()), dims, MiCSConfig(hierarchical=case["hierarchical"], cpu_offload=case.get("cpu_offload", False),
-                                       reshard_after_forward=case.get("reshard_after_forward", True)))
+    blocks = list(model.layers.values())
+    apply_ac(blocks, case.get("ac", "none"))
+    apply_mics(model, blocks, dims, config(case))
     init_weights(model, SEED, device="cpu")
+    return model, replica_sync(model, blocks, dims, config(case))
+
+
+def run(case: dict, pph: int, steps: int = STEPS, losses: list | None = None) -> dict[str, torch.Tensor]:
+    """Train `steps` steps. A "plain" case is a user's own loop: no sync_microbatch, no finish() (the replica
+    sync completes in autograd's final callback)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model, sync = build(case, pph)
     opt = optimizer(model)
     accum = case["accum"]
     data = SyntheticSource(seed=SEED, global_batch_size=world * accum, seq_len=SEQ, vocab_size=CFG.vocab_size)
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         micro = micro_batches(rank_rows(data.global_batch(step), rank, world), 1)
+        total = torch.zeros(())
         for i, rows in enumerate(micro):
-            sync_microbatch(model, i, accum, two_hop=case.get("two_hop", True))
+            if not case.get("plain"):
+                sync_microbatch(model, i, accum, two_hop=case.get("two_hop", True), sync=sync)
             logits = model(rows[:, :-1])
-            (F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()) / accum).backward()
+            loss = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()) / accum
+            loss.backward()
+            total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
+        if losses is not None:
+            dist.all_reduce(total)
+            losses.append(total.item() / world)
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def compare_syncs(pph: int) -> dict:
+    """Bucketed (many buckets, overlapped) against FSDP2's native HSDP sync: bit-identical parameters after
+    STEPS steps of 2 replicas x 2 with accumulation 3. And the loss curves of 50 steps, exact and compressed."""
+    case = dict(dp_replicate=2, dp_shard=2, hierarchical=None, accum=3)
+    native = run({**case, "replica_sync": "native"}, pph)
+    bucketed = run(case, pph)
+    out = {"bucketed_identical_to_native": all(torch.equal(native[k], bucketed[k]) for k in native)}
+    curves = {}
+    for name, compression in (("exact", None), ("bf16", "bf16"), ("int8", "int8")):
+        curves[name] = []
+        run({**case, "accum": 1, "compression": compression}, pph, steps=50, losses=curves[name])
+    out["loss_curves"] = curves
+    return out
 
 
 def check_collectives(pph: int) -> dict[str, bool]:
@@ -82,34 +120,32 @@ def check_collectives(pph: int) -> dict[str, bool]:
     args = (mesh.get_group("dp_shard_intra"), mesh.get_group("dp_shard_inter"), dims.shard_hosts, dims.shard_per_host)
     g = torch.Generator().manual_seed(rank)
     shard = torch.randn(1000, generator=g)
-    flat, hier = torch.empty(world * 1000), torch.empty(world * 1000)
+    flat, hier, piped = torch.empty(world * 1000), torch.empty(world * 1000), torch.empty(world * 1000)
     dist.all_gather_single(flat, shard, group=group)
     HierarchicalAllGather(*args)(hier, shard, group)
+    HierarchicalAllGather(*args, 3)(piped, shard, group)  # 3 pieces of 334, 334, 332
     full = torch.randint(-1000, 1000, (world * 1000,), generator=g).float()
     out_flat, out_hier = torch.empty(1000), torch.empty(1000)
     dist.reduce_scatter_single(out_flat, full, group=group)
     HierarchicalReduceScatter(*args)(out_hier, full, group, dist.ReduceOp.SUM)
-    return {"all_gather_identical": torch.equal(flat, hier), "reduce_scatter_identical": torch.equal(out_flat, out_hier)}
+    return {"all_gather_identical": torch.equal(flat, hier) and torch.equal(flat, piped),
+            "reduce_scatter_identical": torch.equal(out_flat, out_hier)}
 
 
 def measure(case: dict, pph: int) -> dict:
     """One optimizer step of `case` under the comm meter; the totals, model-state bytes and model sizes."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    dims = ParallelDims(dp_replicate=case["dp_replicate"], dp_shard=case["dp_shard"], world_size=world,
-                        processes_per_host=pph)
-    dims.build_mesh("cpu")
-    model = build_model(CFG)
-    blocks_bytes = sum(p.numel() * 4 for p in model.layers.parameters())
-    total_bytes = sum(p.numel() * 4 for p in model.parameters())
-    apply_mics(model, list(model.layers.values()), dims, MiCSConfig(hierarchical=case["hierarchical"]))
-    init_weights(model, SEED, device="cpu")
+    reference = build_model(CFG)
+    blocks_bytes = sum(p.numel() * 4 for p in reference.layers.parameters())
+    total_bytes = sum(p.numel() * 4 for p in reference.parameters())
+    model, sync = build(case, pph)
     opt = optimizer(model)
     accum = case["accum"]
     data = SyntheticSource(seed=SEED, global_batch_size=world * accum, seq_len=SEQ, vocab_size=CFG.vocab_size)
     meter = CommMeter(pph)
     with meter.active():
         for i, rows in enumerate(micro_batches(rank_rows(data.global_batch(1), rank, world), 1)):
-            sync_microbatch(model, i, accum, two_hop=True)
+            sync_microbatch(model, i, accum, two_hop=True, sync=sync)
             (F.cross_entropy(model(rows[:, :-1]).flatten(0, 1), rows[:, 1:].flatten()) / accum).backward()
     opt.step()
     return {**meter.totals(), **model_state_bytes(model, opt), "blocks_bytes": blocks_bytes,
@@ -123,6 +159,11 @@ def main() -> None:
     errors: dict = check_collectives(pph)
     oracles: dict[int, dict] = {}
     for case in cases:
+        if case.get("compare_syncs"):
+            result = compare_syncs(pph)
+            if dist.get_rank() == 0:
+                errors.update(result)
+            continue
         if case.get("meter"):
             result = measure(case, pph)
             if dist.get_rank() == 0:

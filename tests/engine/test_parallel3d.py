@@ -120,7 +120,7 @@ def test_comm_meter_and_memory_cover_every_dimension(tmp_path):
             # activations (fp32, sequence-sharded under tp) cross the pipeline between hosts: forward
             # outputs from the first stage, their gradients from the last, one per micro-batch
             if pp > 1:
-                assert by_dim["pp"] == {"intra_bytes": 0, "inter_bytes": m * SEQ // tp * DIM * 4}, got
+                assert (by_dim["pp"]["intra_bytes"], by_dim["pp"]["inter_bytes"]) == (0, m * SEQ // tp * DIM * 4), got
             if tp > 1:
                 # per micro-batch, each block all-gathers its attention and MLP inputs and reduce-scatters
                 # their outputs in forward, and the reverse in backward; the embedding and the head one of

@@ -51,12 +51,19 @@ def test_one_and_four_processes_agree(tmp_path):
         {"activation_checkpointing": "full", "gradient_accumulation_steps": 2})})
     assert "activation checkpointing full" in out4
     assert [r["step"] for r in single] == [1, 2, 3, 4, 5]
-    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "inter_node_bytes", "intra_node_bytes", "comm",
-            "comm_by_dim", "param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes"} == set(single[0])
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "compute_s", "comm_intra_s",
+            "comm_inter_s", "inter_node_bytes", "intra_node_bytes", "comm", "comm_by_dim", "param_bytes", "grad_bytes",
+            "optim_bytes", "model_state_bytes"} == set(single[0])
     # one process talks to nobody; four on one host (ZeRO-3 over 4) only inside the host
     assert single[0]["inter_node_bytes"] == single[0]["intra_node_bytes"] == 0
     assert multi[0]["inter_node_bytes"] == 0 and multi[0]["intra_node_bytes"] > 0
     assert multi[0]["comm"]["all_gather"]["calls"] > 0 and multi[0]["comm"]["reduce_scatter"]["calls"] > 0
+    # the step's time splits into compute and the communication it waited for
+    assert single[0]["comm_intra_s"] == single[0]["comm_inter_s"] == 0
+    for r in multi:
+        assert r["comm_intra_s"] > 0 and r["comm_inter_s"] == 0 and r["compute_s"] > 0
+        assert r["compute_s"] + r["comm_intra_s"] == pytest.approx(r["step_time_s"], rel=1e-6)
+        assert r["comm"]["all_gather"]["intra_s"] > 0
     # model states are sharded four ways (fp32 AdamW: 16 bytes per parameter in all)
     assert multi[0]["model_state_bytes"] == pytest.approx(single[0]["model_state_bytes"] / 4, rel=0.05)
     assert "step 5/5 loss" in out

@@ -163,10 +163,15 @@ class Trainer:
                 with meter.active():
                     record = self.train_step(step)
                 self.step = step
-                tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
+                elapsed = time.perf_counter() - t0
+                tokens_per_s = tokens_per_step / elapsed
                 if metrics is not None:
                     comm = meter.totals()
+                    # the step's time: the communication it waited for, and the rest (compute, copies, Python)
                     metrics.write(json.dumps({"step": step, **record, "tokens_per_s": tokens_per_s,
+                                              "step_time_s": elapsed, "comm_intra_s": comm["intra_s"],
+                                              "comm_inter_s": comm["inter_s"],
+                                              "compute_s": elapsed - comm["intra_s"] - comm["inter_s"],
                                               "inter_node_bytes": comm["inter_bytes"],
                                               "intra_node_bytes": comm["intra_bytes"], "comm": comm["by_kind"],
                                               "comm_by_dim": comm["by_dim"]}) + "\n")

@@ -8,6 +8,12 @@ It records calls and bytes per kind and per group, split intra-host / inter-host
 ranks live: a group whose ranks are all on one host is intra-host; a group that spans hosts is
 inter-host. A pipeline send is counted as "p2p" with the bytes sent, between this rank and its peer.
 
+Time is what this rank spends inside a collective's call, plus, for one started with `async_op=True`, inside
+its `wait()`: the communication the step waited for, not what overlapped with compute. (DTensor's
+functional collectives are waited on lazily, inside the next op that reads their result: their time shows
+as compute.) `totals()` splits it like the bytes, so a step's time splits into compute, intra-host and
+inter-host communication.
+
 Bytes are what this rank sends under the ring algorithm, for a full (unsharded) tensor of M bytes over
 n ranks: all-gather and reduce-scatter M (n-1)/n, all-reduce 2 M (n-1)/n. docs/engine.md derives the
 per-step totals of ZeRO-3, MiCS and hierarchical MiCS from these.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from collections import defaultdict
 from contextlib import contextmanager
 
@@ -73,8 +80,8 @@ class CommMeter:
         self.reset()
 
     def reset(self) -> None:
-        # (kind, group ranks) -> [calls, bytes]
-        self.records: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(lambda: [0, 0])
+        # (kind, group ranks) -> [calls, bytes, seconds]
+        self.records: dict[tuple[str, tuple[int, ...]], list] = defaultdict(lambda: [0, 0, 0.0])
 
     def record(self, kind: str, ranks: tuple[int, ...], full_bytes: int, factor: int) -> None:
         n = len(ranks)
@@ -84,6 +91,9 @@ class CommMeter:
         rec = self.records[(kind, ranks)]
         rec[0] += 1
         rec[1] += nbytes
+
+    def record_time(self, kind: str, ranks: tuple[int, ...], seconds: float) -> None:
+        self.records[(kind, ranks)][2] += seconds
 
     def spans_hosts(self, ranks: tuple[int, ...]) -> bool:
         return len({r // self.processes_per_host for r in ranks}) > 1
@@ -107,20 +117,22 @@ class CommMeter:
         return "+".join(varying) or "self"
 
     def totals(self) -> dict:
-        """{"intra_bytes", "inter_bytes", "by_kind": {kind: {"calls", "intra_bytes", "inter_bytes"}}}, and
-        with dims "by_dim": {mesh dimension: {"intra_bytes", "inter_bytes"}}."""
-        out = {"intra_bytes": 0, "inter_bytes": 0, "by_kind": {}}
+        """{"intra_bytes", "inter_bytes", "intra_s", "inter_s", "by_kind": {kind: {"calls", "intra_bytes",
+        "inter_bytes", "intra_s", "inter_s"}}}, and with dims "by_dim": {mesh dimension: the same less "calls"}."""
+        empty = {"intra_bytes": 0, "inter_bytes": 0, "intra_s": 0.0, "inter_s": 0.0}
+        out = {**empty, "by_kind": {}}
         if self.dims is not None:
             out["by_dim"] = {}
-        for (kind, ranks), (calls, nbytes) in self.records.items():
-            where = "inter_bytes" if self.spans_hosts(ranks) else "intra_bytes"
-            k = out["by_kind"].setdefault(kind, {"calls": 0, "intra_bytes": 0, "inter_bytes": 0})
+        for (kind, ranks), (calls, nbytes, seconds) in self.records.items():
+            where = "inter" if self.spans_hosts(ranks) else "intra"
+            k = out["by_kind"].setdefault(kind, {"calls": 0, **empty})
             k["calls"] += calls
-            k[where] += nbytes
-            out[where] += nbytes
+            entries = [out, k]
             if self.dims is not None:
-                d = out["by_dim"].setdefault(self.dimension(ranks), {"intra_bytes": 0, "inter_bytes": 0})
-                d[where] += nbytes
+                entries.append(out["by_dim"].setdefault(self.dimension(ranks), dict(empty)))
+            for e in entries:
+                e[f"{where}_bytes"] += nbytes
+                e[f"{where}_s"] += seconds
         return out
 
     @contextmanager
@@ -172,12 +184,51 @@ class CommMeter:
                 tensor, group = bound[keyword], bound.get("group")
                 ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
                 self.record(kind, ranks, tensor.numel() * tensor.element_size(), factor)
+                t0 = time.perf_counter()
             self._local.depth = depth + 1
             try:
-                return fn(*args, **kwargs)
+                work = fn(*args, **kwargs)
             finally:
                 self._local.depth = depth
+            if depth == 0 and len(ranks) > 1:  # a group of one talks to nobody
+                self.record_time(kind, ranks, time.perf_counter() - t0)
+                if work is not None:
+                    return _TimedWork(work, lambda s: self.record_time(kind, ranks, s))
+            return work
         return metered
+
+
+class _TimedWork(dist.Work):
+    """An async collective's handle that adds the time its waiter blocks to the meter."""
+
+    def __init__(self, work: dist.Work, add) -> None:
+        super().__init__()
+        self._work, self._add = work, add
+
+    def wait(self, timeout=None) -> bool:
+        t0 = time.perf_counter()
+        try:
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+        finally:
+            self._add(time.perf_counter() - t0)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def source_rank(self) -> int:
+        return self._work.source_rank()
+
+    def get_future(self):
+        return self._work.get_future()
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

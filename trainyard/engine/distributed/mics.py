@@ -11,7 +11,12 @@ the same local index, and inside each host among its m = p / k ranks. A host's n
 all-gather of M bytes drops from M (p-1)/p to M (k-1)/k, in k-1 ring steps instead of p-1.
 
 Under gradient accumulation, `sync_microbatch(model, i, s, two_hop=True)` keeps the reduce-scatter inside
-the group on every micro-batch and runs the all-reduce across replicas on the last one only.
+the group on every micro-batch and runs the all-reduce across replicas on the last one only. That all-reduce
+is, by default (`replica_sync="bucketed"`), Trainyard's own (`ReplicaSync`, replica_sync.py): bucketed, started
+as each bucket's reduce-scatters finish so that it overlaps the rest of the backward, optionally compressed;
+FSDP then shards over the partition group alone. `replica_sync="native"` leaves it to FSDP2's HSDP (one
+all-reduce per block, after its reduce-scatter, not overlapped on CPU); pipelines and flat HSDP
+(`two_hop=False`) use that.
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.engine.distributed.parallelism import REPLICA_COMPRESSIONS, REPLICA_SYNCS
+from trainyard.engine.distributed.replica_sync import ReplicaSync
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,6 +48,15 @@ class MiCSConfig:
     """Keep sharded parameters, gradients and optimizer states in host memory."""
     prefetch: bool = True
     """Explicitly prefetch the next block's all-gather in forward and the previous one's in backward."""
+    replica_sync: str = "bucketed"
+    """Cross-replica gradient all-reduce: "bucketed" (ReplicaSync: overlapped with the backward) or "native"
+    (FSDP2's HSDP all-reduce per block)."""
+    replica_bucket_mb: float = 4.0
+    """Bucket size of the bucketed sync, in MiB of fp32 gradient shard."""
+    replica_compression: str | None = None
+    """None (exact), "bf16" or "int8" (with error feedback): what the bucketed sync sends."""
+    hierarchical_chunks: int = 4
+    """Chunks the hierarchical all-gather is pipelined in (1: its two hops one after the other)."""
 
     def __post_init__(self) -> None:
         r = self.reshard_after_forward
@@ -48,13 +64,26 @@ class MiCSConfig:
             raise ValueError(f"reshard_after_forward must be True, False or an int >= 1, got {r!r}")
         if self.hierarchical not in (None, True, False):
             raise ValueError(f"hierarchical must be True, False or None, got {self.hierarchical!r}")
+        if self.replica_sync not in REPLICA_SYNCS:
+            raise ValueError(f"replica_sync must be one of {list(REPLICA_SYNCS)}, got {self.replica_sync!r}")
+        if self.replica_compression not in (None, *REPLICA_COMPRESSIONS):
+            raise ValueError(f"replica_compression must be one of {list(REPLICA_COMPRESSIONS)} or None, got "
+                             f"{self.replica_compression!r}")
+        if self.replica_compression is not None and self.replica_sync != "bucketed":
+            raise ValueError("replica_compression needs replica_sync='bucketed'")
+        if isinstance(self.replica_bucket_mb, bool) or not isinstance(self.replica_bucket_mb, (int, float)) \
+                or not self.replica_bucket_mb > 0:
+            raise ValueError(f"replica_bucket_mb must be a number > 0, got {self.replica_bucket_mb!r}")
+        c = self.hierarchical_chunks
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise ValueError(f"hierarchical_chunks must be an int >= 1, got {c!r}")
 
 
 class _TwoHop:
     """The groups of a partition group that spans k hosts with m ranks on each."""
 
-    def __init__(self, intra: dist.ProcessGroup, inter: dist.ProcessGroup, k: int, m: int):
-        self.intra, self.inter, self.k, self.m = intra, inter, k, m
+    def __init__(self, intra: dist.ProcessGroup, inter: dist.ProcessGroup, k: int, m: int, chunks: int = 1):
+        self.intra, self.inter, self.k, self.m, self.chunks = intra, inter, k, m, chunks
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -66,11 +95,14 @@ class _TwoHop:
 
 
 class HierarchicalAllGather(_TwoHop, AllGather):
-    """All-gather over a partition group of k hosts x m ranks: inter-host, then intra-host.
+    """All-gather over a partition group of k hosts x m ranks: inter-host, then intra-host, pipelined.
 
     Group rank r = h * m + j (host h of the group, local index j). Hop 1 gathers the k shards of local
     index j across hosts; hop 2 gathers the m results inside the host; a transpose puts the shards in
-    group-rank order. Pure data movement: the result is bit-identical to the flat all-gather.
+    group-rank order. The shard is cut into `chunks` pieces: every piece's hop 1 is started at once, and
+    each piece's hop 2 starts as soon as its hop 1 is done, so the intra-host hop of one piece runs while
+    the inter-host hops of the later ones are still on the wire. Pure data movement: the result is
+    bit-identical to the flat all-gather.
     """
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
@@ -78,12 +110,24 @@ class HierarchicalAllGather(_TwoHop, AllGather):
         if not self.spans(group):
             return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         k, m, n = self.k, self.m, input_tensor.numel()
-        across = torch.empty(k * n, dtype=input_tensor.dtype, device=input_tensor.device)
-        dist.all_gather_single(across, input_tensor.reshape(-1), group=self.inter)
-        inside = torch.empty(m * k * n, dtype=input_tensor.dtype, device=input_tensor.device)
-        dist.all_gather_single(inside, across, group=self.intra)
-        output_tensor.view(k, m, n).copy_(inside.view(m, k, n).transpose(0, 1))
-        return None  # done synchronously
+        flat, out = input_tensor.reshape(-1), output_tensor.view(k, m, n)
+        step = -(-n // max(1, min(self.chunks, n)))
+        bounds = [(a, min(n, a + step)) for a in range(0, n, step)]
+        across = [torch.empty(k * (b - a), dtype=flat.dtype, device=flat.device) for a, b in bounds]
+        hop1 = [dist.all_gather_single(x, flat[a:b], group=self.inter, async_op=len(bounds) > 1)
+                for x, (a, b) in zip(across, bounds)]
+        hop2 = []
+        for i, (a, b) in enumerate(bounds):
+            if hop1[i] is not None:
+                hop1[i].wait()
+            inside = torch.empty(m * k * (b - a), dtype=flat.dtype, device=flat.device)
+            hop2.append((inside, dist.all_gather_single(inside, across[i], group=self.intra,
+                                                        async_op=len(bounds) > 1)))
+        for (inside, work), (a, b) in zip(hop2, bounds):
+            if work is not None:
+                work.wait()
+            out[:, :, a:b].copy_(inside.view(m, k, b - a).transpose(0, 1))
+        return None  # done when it returns
 
 
 class HierarchicalReduceScatter(_TwoHop, ReduceScatter):
@@ -119,8 +163,8 @@ def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, co
     """Shard `model` over the partition groups of `dims`: each of `blocks` (the units gathered one at a time,
     in forward order), then the root (what no block holds: embeddings, final norm, head)."""
     check_offload(config, dims.mesh.device_type)
-    # one replica: plain 1-D sharding, so FSDP issues no all-reduce over groups of one
-    mesh = dims.mesh["dp_shard"] if dims.dp_replicate == 1 else dims.dp_mesh()
+    # one replica, or replicas synced by ReplicaSync: 1-D sharding, so FSDP issues no all-reduce of its own
+    mesh = dims.dp_mesh() if uses_native_sync(dims, config) else dims.mesh["dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype,
                                   reduce_dtype=config.reduce_dtype or config.param_dtype)
     offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
@@ -133,7 +177,7 @@ def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, co
         k, m = dims.shard_hosts, dims.shard_per_host
         intra, inter = dims.mesh.get_group("dp_shard_intra"), dims.mesh.get_group("dp_shard_inter")
         for module in [*blocks, model]:
-            module.set_custom_all_gather(HierarchicalAllGather(intra, inter, k, m))
+            module.set_custom_all_gather(HierarchicalAllGather(intra, inter, k, m, config.hierarchical_chunks))
             module.set_custom_reduce_scatter(HierarchicalReduceScatter(intra, inter, k, m))
     if config.prefetch and len(blocks) > 1:
         for i, block in enumerate(blocks):
@@ -144,11 +188,39 @@ def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, co
     return model
 
 
-def sync_microbatch(model: nn.Module, index: int, count: int, *, two_hop: bool = True) -> None:
+def uses_native_sync(dims: ParallelDims, config: MiCSConfig) -> bool:
+    """Whether FSDP2 itself all-reduces across replicas (2-D HSDP mesh)."""
+    return dims.dp_replicate > 1 and config.replica_sync == "native"
+
+
+def replica_sync(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, config: MiCSConfig) -> ReplicaSync | None:
+    """The bucketed cross-replica sync of a model `apply_mics` sharded over its partition groups alone (None
+    when FSDP syncs natively or there is one replica). Parameters go in the order their gradients become
+    final: the blocks last to first, then the root's own."""
+    if dims.dp_replicate == 1 or uses_native_sync(dims, config):
+        return None
+    ordered, seen = [], set()
+    for block in reversed(blocks):
+        for p in block.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                ordered.append(p)
+    ordered += [p for p in model.parameters() if id(p) not in seen and p.requires_grad]
+    ordered = [p for p in ordered if p.requires_grad]
+    return ReplicaSync(ordered, dims.mesh.get_group("dp_replicate"),
+                       bucket_bytes=int(config.replica_bucket_mb * 2 ** 20), compression=config.replica_compression)
+
+
+def sync_microbatch(model: nn.Module, index: int, count: int, *, two_hop: bool = True,
+                    sync: ReplicaSync | None = None) -> None:
     """Set gradient sync for micro-batch `index` of `count` before its backward.
 
     two_hop (MiCS): reduce-scatter inside the partition group on every micro-batch, all-reduce across
-    replicas only on the last. Otherwise (flat HSDP): both on every micro-batch.
+    replicas only on the last (by `sync` when given, else by FSDP). Otherwise (flat HSDP, native): both on
+    every micro-batch.
     """
     model.set_requires_gradient_sync(True)
-    model.set_requires_all_reduce(index == count - 1 if two_hop else True)
+    if sync is not None:
+        sync.final = index == count - 1
+    else:
+        model.set_requires_all_reduce(index == count - 1 if two_hop else True)

@@ -5,7 +5,9 @@ Forms accepted (the SDK passes whichever the user wrote; `init()` and `transform
 - Trainyard's typed form:
 
       {"mics": {"partition_group_size": p, "hierarchical_allgather": true|false|null,
-                "reshard_after_forward": true|false|n, "two_hop_sync": true|false},
+                "reshard_after_forward": true|false|n, "two_hop_sync": true|false,
+                "replica_sync": "bucketed"|"native", "replica_bucket_mb": x,
+                "replica_compression": null|"bf16"|"int8", "hierarchical_chunks": c},
        "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
        "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v, "microbatches": m|null,
        "pipeline_split": [blocks per stage, pp * v of them]|null,
@@ -34,7 +36,10 @@ from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.layout import PIPELINE_SCHEDULES, check_pipeline
 from trainyard.engine.suggest import did_you_mean
 
-MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync")
+MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync",
+             "replica_sync", "replica_bucket_mb", "replica_compression", "hierarchical_chunks")
+REPLICA_SYNCS = ("bucketed", "native")
+REPLICA_COMPRESSIONS = ("bf16", "int8")
 AC_MODES = ("none", "full", "selective")
 PRECISIONS = ("bf16", "fp32")
 SMP_PIPELINES = {"simple": "gpipe", "interleaved": "1f1b"}  # SMP v1 `pipeline` -> pipeline_schedule
@@ -66,6 +71,14 @@ class Parallelism:
     """True ZeRO-3-like, False ZeRO-2-like, n hpZ-like (regather from groups of n ranks in backward)."""
     two_hop_sync: bool = True
     """Under gradient accumulation, all-reduce across replicas on the last micro-batch only."""
+    replica_sync: str = "bucketed"
+    """That all-reduce: "bucketed" (Trainyard's, overlapped with the backward) or "native" (FSDP2's HSDP)."""
+    replica_bucket_mb: float = 4.0
+    """Bucket size of the bucketed sync (MiB of fp32 gradient shard)."""
+    replica_compression: str | None = None
+    """What the bucketed sync sends: null (exact fp32), "bf16" or "int8" (with error feedback)."""
+    hierarchical_chunks: int = 4
+    """Pieces the hierarchical all-gather is pipelined in (1: its two hops one after the other)."""
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     microbatches: int | None = None
@@ -92,6 +105,21 @@ class Parallelism:
             raise ValueError(f"distribution: reshard_after_forward must be true, false or an int >= 1, got {r!r}")
         if not isinstance(self.two_hop_sync, bool):
             raise ValueError(f"distribution: two_hop_sync must be true or false, got {self.two_hop_sync!r}")
+        if self.replica_sync not in REPLICA_SYNCS:
+            raise ValueError(f"distribution: mics.replica_sync must be one of {list(REPLICA_SYNCS)}, got "
+                             f"{self.replica_sync!r}")
+        if self.replica_compression is not None and self.replica_compression not in REPLICA_COMPRESSIONS:
+            raise ValueError(f"distribution: mics.replica_compression must be one of {list(REPLICA_COMPRESSIONS)} "
+                             f"or null, got {self.replica_compression!r}")
+        if self.replica_compression is not None and self.replica_sync != "bucketed":
+            raise ValueError("distribution: mics.replica_compression needs mics.replica_sync 'bucketed' (FSDP2's "
+                             "native sync sends fp32); drop one of them")
+        mb = self.replica_bucket_mb
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
+            raise ValueError(f"distribution: mics.replica_bucket_mb must be a number > 0, got {mb!r}")
+        if not _positive_int(self.hierarchical_chunks):
+            raise ValueError(f"distribution: mics.hierarchical_chunks must be an integer >= 1, got "
+                             f"{self.hierarchical_chunks!r}")
         if self.activation_checkpointing not in AC_MODES:
             raise ValueError(f"distribution: activation_checkpointing must be one of {list(AC_MODES)}, got "
                              f"{self.activation_checkpointing!r}")

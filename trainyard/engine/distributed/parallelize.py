@@ -13,6 +13,7 @@ data-parallel rank and no mixed precision nothing is wrapped for MiCS (no all-ga
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,7 +28,8 @@ from trainyard.engine.distributed.ac import apply_ac
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
                                                       is_meta)
-from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, sync_microbatch
+from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch
+from trainyard.engine.distributed.replica_sync import ReplicaSync
 from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, cut_stage, rank_stages
 from trainyard.engine.distributed.tp import apply_tp_plan
 from trainyard.engine.models.spec import ModelSpec
@@ -50,6 +52,8 @@ class Parallelized:
     two_hop: bool = True
     sharded: bool = True
     """Whether MiCS wrapped the model (FSDP2); False with one data-parallel rank and no mixed precision."""
+    syncs: list = field(default_factory=list)
+    """Per part, its bucketed cross-replica gradient sync (`ReplicaSync`) or None."""
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _schedules: dict = field(default_factory=dict)
 
@@ -110,6 +114,9 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
                 two_hop: bool = True, seed: int = 0, init: Callable[[nn.Module], None] | None = None) -> Parallelized:
     """This rank's part of `model`, parallelised over `dims` (whose mesh is built)."""
     mics = mics or MiCSConfig()
+    if dims.pp > 1 or not two_hop:
+        # a pipeline schedule drives FSDP's sync itself, and flat HSDP all-reduces every micro-batch: FSDP's own
+        mics = dataclasses.replace(mics, replica_sync="native", replica_compression=None)
     meta = is_meta(model)
     if not meta:
         broadcast_weights(model)
@@ -120,6 +127,7 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     stages, num_stages, parts = _cut(model, spec, dims, coords["pp"], pipeline)
     sharded = dims.dp > 1 or mics.param_dtype not in (None, torch.float32)
     blocks_of = [spec.blocks(part) for part in parts]
+    syncs: list[ReplicaSync | None] = []
     for part, blocks in zip(parts, blocks_of):
         if not meta and not sharded:
             part.to(device)  # sharded: fully_shard moves each rank's shards to the mesh's device
@@ -130,10 +138,11 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
             apply_mics(part, blocks, dims, mics)
         if meta:
             _materialise(part, spec, template, device, seed, init)
+        syncs.append(replica_sync(part, blocks, dims, mics) if sharded else None)
     one = parts[0] if len(parts) == 1 else RankModel(parts, [b for bs in blocks_of for b in bs])
     return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, coords=coords,
                         mics=mics,
-                        pipeline=pipeline, two_hop=two_hop, sharded=sharded, device=device)
+                        pipeline=pipeline, two_hop=two_hop, sharded=sharded, syncs=syncs, device=device)
 
 
 def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pp_rank: int, pipeline: PipelineConfig | None):
@@ -182,9 +191,9 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 def sync_for(par: Parallelized, index: int, count: int) -> None:
     """Gradient sync for micro-batch `index` of `count` (2-hop under MiCS; nothing unsharded)."""
-    for part in par.parts:
+    for part, sync in zip(par.parts, par.syncs):
         if isinstance(part, FSDPModule):
-            sync_microbatch(part, index, count, two_hop=par.two_hop)
+            sync_microbatch(part, index, count, two_hop=par.two_hop, sync=sync)
 
 
 def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Tensor, microbatches: int,
@@ -210,6 +219,9 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
             loss = loss_fn(model(x), y) / microbatches
             loss.backward()
             total += plain(loss).detach()
+        for sync in par.syncs:
+            if sync is not None:
+                sync.finish()  # autograd's final callback has done it; a no-op then
     return total
 
 
