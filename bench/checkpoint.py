@@ -22,6 +22,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from trainyard.engine.components.fingerprint import this_machine
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
@@ -113,7 +115,7 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
             json.dump({"name": "checkpoint", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "model": a.model,
+                       "fingerprint": this_machine(), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "model": a.model,
                        "runs": runs, "entries": entries}, fh, indent=1)
     return 0
 

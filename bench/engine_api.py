@@ -67,6 +67,8 @@ import time
 import tomllib
 from datetime import datetime, timezone
 
+from trainyard.engine.components.fingerprint import this_machine
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOAL_OVERHEAD = 1.05
 SEQ = 128  # tokens per row (part 1)
@@ -560,7 +562,7 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
             json.dump({"name": "engine_api", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                       "fingerprint": this_machine(), "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                                   f"{platform.python_version()}, torch {torch.__version__}",
                        "total_seconds": total, "load_average_1min": load, "goal_overhead": GOAL_OVERHEAD,
                        "overhead": cases, "seam": result_seam}, fh, indent=1)

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
+from trainyard.engine.components.fingerprint import this_machine
+
 os.environ.pop("TRITON_INTERPRET", None)  # CPU runs the ops' eager paths, never Triton's interpreter
 
 import torch  # noqa: E402
@@ -260,7 +262,7 @@ def run_case(case: Case, repeats: int, say) -> list[dict]:
 
 
 def fingerprint() -> dict:
-    info = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+    info = {"fingerprint": this_machine(), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
             "torch": torch.__version__,
             "triton": getattr(importlib.util.find_spec("triton") and importlib.import_module("triton"),
                               "__version__", None)}

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 
+from trainyard.engine.components.fingerprint import this_machine
+
 # runs the trainer's command line and reports the process's peak RSS (KiB on Linux) when it exits
 CHILD = """
 import atexit, resource, runpy, sys
@@ -79,7 +81,7 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump({"bench": "kernels_step", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+                       "fingerprint": this_machine(), "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
                        "args": vars(args), "rows": rows, "ratio": ratio, "pairs": pairs}, fh, indent=1)
     return 0
 

@@ -20,6 +20,8 @@ import statistics
 import sys
 from datetime import datetime, timezone
 
+from trainyard.engine.components.fingerprint import this_machine
+
 LAYOUTS = [  # name, distribution
     ("dp only", {"mics": {"partition_group_size": 1}}),
     ("MiCS p=4", {"mics": {"partition_group_size": 4}}),
@@ -72,7 +74,7 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
             json.dump({"name": "parallel3d", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "mbit": a.mbit,
+                       "fingerprint": this_machine(), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "mbit": a.mbit,
                        "model": a.model, "entries": rows}, fh, indent=1)
     return 0
 

@@ -48,6 +48,8 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 
+from trainyard.engine.components.fingerprint import this_machine
+
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2))  # (schedule, virtual stages)
 WIDTH = 64  # features of the emulated layer: small, so the real compute is negligible next to the sleeps
 MB_ROWS = 4  # rows per micro-batch
@@ -261,7 +263,7 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
             json.dump({"name": "pipeline", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                       "fingerprint": this_machine(), "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                                   f"{platform.python_version()}, torch {torch.__version__}",
                        "t_fwd_ms": a.t_fwd_ms, "steps": a.steps, "total_seconds": total,
                        "load_average_1min": load, "entries": rows}, fh,

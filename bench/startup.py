@@ -20,6 +20,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from trainyard.engine.components.fingerprint import this_machine
+
 GOAL_S = 10.0
 
 
@@ -66,7 +68,7 @@ def main() -> int:
     print(f"goal first_step <= {GOAL_S:.0f} s: {verdict}")
     result = {
         "name": "startup", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "fingerprint": this_machine(), "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "model": a.model, "hosts": 2, "processes_per_host": 2, "store_cold_start_s": store_cold,
         "runs": runs, "median": med, "goal_s": GOAL_S, "goal_met": med["first_step"] <= GOAL_S,
     }

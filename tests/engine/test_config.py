@@ -72,6 +72,23 @@ def test_unknown_distribution_keys_name_the_path_and_the_closest(distribution, n
         Parallelism.parse({"mics": 2})
 
 
+@pytest.mark.parametrize("mics,named", [
+    ({"replica_sync": "nccl"}, "mics.replica_sync must be one of ['bucketed', 'native'], got 'nccl'"),
+    ({"replica_compression": "fp8"}, "mics.replica_compression must be one of ['bf16', 'int8'] or null, got 'fp8'"),
+    ({"replica_sync": "native", "replica_compression": "int8"}, "needs mics.replica_sync 'bucketed'"),
+    ({"replica_bucket_mb": 0}, "mics.replica_bucket_mb must be a number > 0, got 0"),
+    ({"hierarchical_chunks": 0}, "mics.hierarchical_chunks must be an integer >= 1, got 0"),
+])
+def test_replica_sync_settings_are_checked(mics, named):
+    from trainyard.engine.distributed.parallelism import Parallelism
+
+    with pytest.raises(ValueError) as e:
+        Parallelism.parse({"mics": mics})
+    assert named in str(e.value)
+    assert Parallelism.parse({"mics": {"replica_compression": "int8", "hierarchical_chunks": 2}}).to_dict()["mics"][
+        "replica_compression"] == "int8"
+
+
 def test_docs_table_lists_every_hyperparameter_with_its_default():
     """docs/engine.md's hyperparameter table: one row per TrainConfig field, its default as written there."""
     import dataclasses

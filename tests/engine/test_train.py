@@ -53,7 +53,25 @@ def test_one_and_four_processes_agree(tmp_path):
     assert [r["step"] for r in single] == [1, 2, 3, 4, 5]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "compute_s", "comm_intra_s",
             "comm_inter_s", "inter_node_bytes", "intra_node_bytes", "comm", "comm_by_dim", "param_bytes", "grad_bytes",
-            "optim_bytes", "model_state_bytes"} == set(single[0])
+            "optim_bytes", "model_state_bytes", "tflops_per_device", "mfu", "data_wait_s", "checkpoint_blocked_s",
+            "cpu_rss_bytes", "fingerprint"} == set(single[0])
+    assert "fingerprint" not in single[1]  # once per run
+    print_ = multi[0]["fingerprint"]
+    assert print_["device"] == "cpu" and print_["world_size"] == 4 and print_["cpu_cores"] == os.cpu_count()
+    assert print_["torch"] == torch.__version__ and print_["peak_source"].startswith("measured at start-up")
+    # MFU by hand from the tiny model's shapes: N = every parameter but the input embedding (6 N per token for
+    # forward and backward) plus the attention term 12 L H Q T
+    dim, layers, heads, kv, ffn, vocab, seq = 128, 2, 4, 2, 352, 512, 32
+    head = dim // heads
+    per_layer = 2 * dim * dim + 2 * dim * kv * head + 3 * dim * ffn + 2 * dim
+    n = layers * per_layer + dim + vocab * dim
+    per_token = 6 * n + 12 * layers * heads * head * seq
+    for r in multi:
+        hand = per_token * r["tokens_per_s"] / 4 / 1e12
+        assert r["tflops_per_device"] == pytest.approx(hand, rel=0.01)
+        assert r["mfu"] == pytest.approx(hand / print_["peak_tflops_per_device"], rel=0.01)
+        assert 0 < r["mfu"] < 1 and r["data_wait_s"] >= 0 and r["checkpoint_blocked_s"] == 0
+        assert r["cpu_rss_bytes"] > 50 * 2 ** 20  # torch alone
     # one process talks to nobody; four on one host (ZeRO-3 over 4) only inside the host
     assert single[0]["inter_node_bytes"] == single[0]["intra_node_bytes"] == 0
     assert multi[0]["inter_node_bytes"] == 0 and multi[0]["intra_node_bytes"] > 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import time
 
 import torch
@@ -19,8 +20,10 @@ from torch import nn
 
 from trainyard.engine import api
 from trainyard.engine.components import checkpoint as ckpt
+from trainyard.engine.components import flops
 from trainyard.engine.components.contract import checkpoint_uri_from_contract, model_dir, output_data_dir
 from trainyard.engine.components.data import build_source, channel_dir
+from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
 from trainyard.engine.components.termination import Termination
@@ -70,6 +73,8 @@ class Trainer:
         else:
             model, vocab = build_model(MODEL_CONFIGS[cfg.model]), MODEL_CONFIGS[cfg.model].vocab_size
         self.params = count_parameters(model)
+        shape = flops.shape_of(model)  # before transform: the whole model's shapes
+        self.flops_per_token = shape.flops_per_token(cfg.seq_len) if shape else 6.0 * self.params
         self.model = api.transform(model, mixed_precision=None if self.dtype == torch.float32 else self.dtype,
                                    seed=cfg.seed, kernels=cfg.kernels)
         self.layout = api._layout(self.model)
@@ -86,7 +91,15 @@ class Trainer:
         self.uri = cfg.checkpoint_uri or checkpoint_uri_from_contract()
         self.step = 0
         self.saved_step = 0
+        self.peak_tflops, peak_source = flops.peak(self.ctx.device, self.dtype)  # a collective where measured
+        self.fingerprint = {**fingerprint(self.ctx.device, world_size=self.ctx.world_size,
+                                          processes_per_host=self.ctx.processes_per_host),
+                            "dtype": str(self.dtype).removeprefix("torch."), "peak_tflops_per_device": self.peak_tflops,
+                            "peak_source": peak_source, "model_flops_per_token": self.flops_per_token,
+                            "flops_formula": "6 N + 12 L H Q T" if shape else "6 N (layers and heads unknown)"}
         self.log(self.describe())
+        self.log(f"peak {self.peak_tflops:.3g} TFLOP/s per device ({peak_source}); model {self.flops_per_token:.4g} "
+                 "FLOPs per token")
 
     def log(self, message: str) -> None:
         if self.ctx.is_main:
@@ -122,8 +135,11 @@ class Trainer:
         return start
 
     def train_step(self, step: int) -> dict:
-        """One optimizer step; returns its metrics (loss, lr, grad_norm and this rank's model-state bytes)."""
+        """One optimizer step; returns its metrics (loss, lr, grad_norm, the wait for its data and this rank's
+        model-state bytes)."""
+        t0 = time.perf_counter()
         rows = self.ctx.rows(self.source.global_batch(step)).to(self.ctx.device, non_blocking=True)
+        data_wait = time.perf_counter() - t0
         loss = api.forward_backward(self.model, rows[:, :-1], rows[:, 1:], token_loss, microbatches=self.accum)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
         norm = api.clip_grad_norm_(self.model, max_norm)
@@ -132,9 +148,11 @@ class Trainer:
         self.scheduler.step()
         memory = model_state_bytes(self.model, self.optimizer)  # with the gradients still held: the peak
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss, "lr": float(lr), "grad_norm": norm, **memory}
+        return {"loss": loss, "lr": float(lr), "grad_norm": norm, "data_wait_s": data_wait, **memory}
 
-    def checkpoint(self, step: int, *, blocking: bool) -> None:
+    def checkpoint(self, step: int, *, blocking: bool) -> float:
+        """Save step `step`; returns the seconds the loop was held."""
+        t0 = time.perf_counter()
         if blocking:
             api.save_checkpoint(self.model, self.optimizer, step, uri=self.uri, scheduler=self.scheduler,
                                 blocking=True, keep_last=self.cfg.keep_last)
@@ -144,6 +162,7 @@ class Trainer:
                                           keep_last=self.cfg.keep_last)
             self.log(f"checkpoint step {step}: staged in {blocked:.3f} s, uploading in the background")
         self.saved_step = step
+        return time.perf_counter() - t0
 
     def run(self) -> bool:
         """Train from the resumed step to cfg.steps; returns False when SIGTERM stopped it."""
@@ -156,8 +175,12 @@ class Trainer:
         tokens_per_step = cfg.global_batch_size * cfg.seq_len
         meter = CommMeter(self.layout.dims.processes_per_host, self.layout.dims)
         termination = Termination(cfg.termination_deadline_s)
+        cuda = self.ctx.device.type == "cuda"
+        first = True
         try:
             for step in range(start + 1, cfg.steps + 1):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(self.ctx.device)
                 t0 = time.perf_counter()
                 meter.reset()
                 with meter.active():
@@ -165,22 +188,30 @@ class Trainer:
                 self.step = step
                 elapsed = time.perf_counter() - t0
                 tokens_per_s = tokens_per_step / elapsed
-                if metrics is not None:
-                    comm = meter.totals()
-                    # the step's time: the communication it waited for, and the rest (compute, copies, Python)
-                    metrics.write(json.dumps({"step": step, **record, "tokens_per_s": tokens_per_s,
-                                              "step_time_s": elapsed, "comm_intra_s": comm["intra_s"],
-                                              "comm_inter_s": comm["inter_s"],
-                                              "compute_s": elapsed - comm["intra_s"] - comm["inter_s"],
-                                              "inter_node_bytes": comm["inter_bytes"],
-                                              "intra_node_bytes": comm["intra_bytes"], "comm": comm["by_kind"],
-                                              "comm_by_dim": comm["by_dim"]}) + "\n")
-                    metrics.flush()
+                tflops = self.flops_per_token * tokens_per_s / self.ctx.world_size / 1e12
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     self.log(f"step {step}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.1e} grad_norm "
-                             f"{record['grad_norm']:.3f} tok/s {tokens_per_s:.0f}")
+                             f"{record['grad_norm']:.3f} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
+                blocked = 0.0
                 if self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
-                    self.checkpoint(step, blocking=not cfg.checkpoint_async)
+                    blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async)
+                if metrics is not None:
+                    comm = meter.totals()
+                    row = {"step": step, **record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
+                           "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
+                           # the step's time: the communication it waited for, and the rest (compute, copies, Python)
+                           "compute_s": elapsed - comm["intra_s"] - comm["inter_s"], "comm_intra_s": comm["intra_s"],
+                           "comm_inter_s": comm["inter_s"], "checkpoint_blocked_s": blocked,
+                           "cpu_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                           "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
+                           "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"]}
+                    if cuda:
+                        row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
+                    if first:
+                        row["fingerprint"] = self.fingerprint
+                        first = False
+                    metrics.write(json.dumps(row) + "\n")
+                    metrics.flush()
                 if termination.requested(self.ctx.device):
                     self.stop(termination)
                     return False
