@@ -17,7 +17,11 @@ import time
 import boto3
 import pytest
 
+from tests.timeline import assert_phases_in_order, assert_transitions_cover_the_job
 from trainyard import Estimator
+from trainyard.container.phases import IMAGE_END_ENV, IMAGE_START_ENV, USERDATA_START_ENV
+from trainyard.job import catalog
+from trainyard.job.jsonio import now_iso
 from trainyard.sdk.aws.userdata import agent_command
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.local import free_port
@@ -50,12 +54,17 @@ class Instances:
                 break
             time.sleep(0.5)
         assert found, f"attempt {attempt} was never launched"
+        running = now_iso()
         template = ec2.describe_launch_templates(Filters=[{"Name": "tag:trainyard:job", "Values": [self.job]}])
         data = ec2.describe_launch_template_versions(
             LaunchTemplateId=template["LaunchTemplates"][0]["LaunchTemplateId"], Versions=["$Latest"])
         user_data = base64.b64decode(data["LaunchTemplateVersions"][0]["LaunchTemplateData"]["UserData"]).decode()
         command = agent_command(user_data)
         assert command[:3] == ["python", "-m", "trainyard.container.node"] and f"--attempt {attempt}" in " ".join(command)
+        # what the user data would hand the agent: when it started (the instances run) and when its image pull
+        # began and ended (here: the reading of the user data above, timed)
+        assert all(f"-e {name}" in user_data for name in (USERDATA_START_ENV, IMAGE_START_ENV, IMAGE_END_ENV))
+        booted = {USERDATA_START_ENV: running, IMAGE_START_ENV: running, IMAGE_END_ENV: now_iso()}
         port = free_port()
         for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
             imds = FakeImds(inst["AmiLaunchIndex"], inst["InstanceId"])
@@ -63,7 +72,8 @@ class Instances:
             root = f"{self.root}/attempt-{attempt}/{inst['InstanceId']}"
             os.makedirs(root)
             env = {**os.environ, "TRAINYARD_IMDS_ENDPOINT": imds.url, "TRAINYARD_MASTER_ADDR": "127.0.0.1",
-                   "TRAINYARD_MASTER_PORT": str(port), "TRAINYARD_SPOT_POLL_S": "0.5", "OMP_NUM_THREADS": "1"}
+                   "TRAINYARD_MASTER_PORT": str(port), "TRAINYARD_SPOT_POLL_S": "0.5", "OMP_NUM_THREADS": "1",
+                   **booted}
             with open(f"{root}.log", "w") as log:
                 # the algo-N names go to a hosts file of the instance's own, not to this machine's /etc/hosts
                 self.agents.append(subprocess.Popen([sys.executable, *command[1:], "--root", root,
@@ -109,9 +119,19 @@ def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
     finally:
         instances.stop()
     assert d["TrainingJobStatus"] == "Completed", (d.get("FailureReason"), job.log_text()[-3000:])
-    seen = [t["Status"] for t in d["SecondaryStatusTransitions"]]
-    assert seen[:2] == ["Starting", "Provisioning"] and seen[-1] == "Completed"
-    assert [s for s in seen if s in ("Downloading", "Training", "Uploading")] == ["Downloading", "Training", "Uploading"]
+    assert assert_transitions_cover_the_job(d) == [
+        "Starting", "LaunchingMLInstances", "DownloadingTrainingImage", "PreparingTrainingStack", "Downloading",
+        "Training", "Uploading", "Completed"]
+    # no channels and no code to fetch (an installed module); the built-in trainer's first step shows in
+    # algo-1's metrics.jsonl, and its rank 1 on algo-2 prints nothing
+    assert_phases_in_order(d, {"algo-1": ["capacity", "image", "peers", "first_step", "upload"],
+                               "algo-2": ["capacity", "image", "peers"]})
+    cost = d["EstimatedCost"]  # 2 instances from their LaunchTime to the teardown, at the catalog's price
+    assert cost["PricePerHour"] == catalog.price_table()["on_demand"]["us-east-1"]["p4d.24xlarge"]
+    assert cost["Amount"] == cost["InstanceHours"] * cost["PricePerHour"] and cost["Market"] == "on-demand"
+    # within the job's time (EC2's LaunchTime has whole seconds: up to one more second each)
+    assert 0 < cost["InstanceHours"] <= 2 * ((d["TrainingEndTime"] - d["CreationTime"]).total_seconds() + 1) / 3600
+    assert d["BillableTimeInSeconds"] == round(cost["InstanceHours"] * 3600 / 2)
     logs = job.log_text()  # mirrored from CloudWatch Logs by the controller
     # both hosts' streams (rank 1 prints nothing of its own: the built-in trainer speaks on rank 0)
     assert "[algo-1/0]" in logs and "[algo-2] driver: completed" in logs and "step 4/4" in logs
@@ -158,5 +178,10 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
     steps = [r["step"] for r in job.metrics()]  # attempt 1's rows, then what attempt 2 shipped before the stop
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= saved, (saved, steps)
     d = job.describe()
-    assert [t["Status"] for t in d["SecondaryStatusTransitions"]].count("Interrupted") == 1
+    seen = assert_transitions_cover_the_job(d)
+    assert seen.count("Interrupted") == 1 and seen[seen.index("Interrupted") + 1] == "LaunchingMLInstances"
     assert d["TrainingJobStatus"] == "Stopped" and leftovers("spot") == {}
+    # 4 instances over the two attempts, at the spot estimate
+    cost = d["EstimatedCost"]
+    assert cost["Market"] == "spot" and cost["Amount"] == cost["InstanceHours"] * cost["PricePerHour"]
+    assert len(job._status()["InstanceTimes"]) == 4

@@ -214,7 +214,8 @@ def test_the_driver_adds_the_variables_and_logs_one_line(tmp_path):
     out = io.StringIO()
     with redirect_stdout(out):
         driver.configure_network("algo-1", environ, detect=lambda: d)
-    assert environ == {"NCCL_SOCKET_IFNAME": "eth0", "FI_EFA_USE_HUGE_PAGE": "0"}
+    # the EFA count also goes to the engine, for the run's hardware fingerprint
+    assert environ == {"NCCL_SOCKET_IFNAME": "eth0", "FI_EFA_USE_HUGE_PAGE": "0", "TRAINYARD_EFA_DEVICES": "4"}
     assert out.getvalue() == ("[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0; "
                               "kept the job's NCCL_SOCKET_IFNAME=eth0\n")
 

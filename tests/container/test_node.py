@@ -10,6 +10,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 
 import boto3
 import pytest
@@ -112,12 +113,19 @@ def _finish(proc: subprocess.Popen, timeout: float = JOB_TIMEOUT_S) -> tuple[int
 
 
 def _statuses(aws, state_uri: str, host: str) -> list[dict]:
-    """Every version of the host's status object, oldest first."""
+    """Every version of the host's status object, oldest first (S3 lists the newest first; a rewrite with new
+    host phases keeps its phase's time)."""
     key = state_uri[len("s3://jobs/"):] + f"/hosts/{host}/status.json"
     versions = aws["s3"].list_object_versions(Bucket="jobs", Prefix=key).get("Versions", [])
     docs = [json.loads(aws["s3"].get_object(Bucket="jobs", Key=key, VersionId=v["VersionId"])["Body"].read())
-            for v in versions if v["Key"] == key]
+            for v in reversed(versions) if v["Key"] == key]
     return sorted(docs, key=lambda d: d["time"])
+
+
+def _changes(history: list[dict]) -> list[str]:
+    """The phases of the status objects `history`, each once where it was written again (new host phases)."""
+    phases = [d["phase"] for d in history]
+    return [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
 
 
 def _log_lines(aws, stream: str) -> list[str]:
@@ -162,9 +170,18 @@ def test_agent_downloads_runs_logs_and_reports_completed(aws, tmp_path):
     assert code == 0, out[-4000:]
 
     history = _statuses(aws, state_uri, "algo-1")
-    assert [d["phase"] for d in history] == ["Starting", "Downloading", "Training", "Uploading", "Completed"], out
+    assert _changes(history) == ["Starting", "Downloading", "Training", "Uploading", "Completed"], out
     final = history[-1]
-    assert set(final) == {"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason"}
+    assert set(final) == {"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason",
+                          "phase_times", "phases"}
+    assert list(final["phase_times"]) == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
+    # the host's phases, each ended, one after the other: no image (no user data ran here), no first step (the
+    # script prints no step line and the job has no metric_definitions)
+    assert [p["Phase"] for p in final["phases"]] == ["capacity", "peers", "data", "code", "upload"], final["phases"]
+    t = datetime.fromisoformat
+    assert all(t(a["EndTime"]) <= t(b["StartTime"]) for a, b in zip(final["phases"], final["phases"][1:]))
+    # capacity: moto's LaunchTime (whole seconds) -> the agent's start, before it reported Starting
+    assert t(final["phases"][0]["StartTime"]) <= t(final["phases"][0]["EndTime"]) <= t(final["phase_times"]["Starting"])
     assert final["host"] == "algo-1" and final["instance_id"] == ids[0] and final["attempt"] == 1
     assert final["exit_code"] == 0 and final["failure_reason"] is None and final["time"].endswith("+00:00")
 
@@ -201,12 +218,18 @@ def test_spot_notice_stops_the_driver_with_sigterm_and_reports_interrupted(aws, 
     assert marker.read_text() == "SIGTERM", out[-4000:]  # the signal reached the training process
     assert code == 128 + 15, out[-4000:]
     history = _statuses(aws, state_uri, "algo-1")
-    phases = [d["phase"] for d in history]
+    phases = _changes(history)
     assert phases[:3] == ["Starting", "Downloading", "Training"] and phases[-1] == "Interrupted", phases
     assert "Uploading" not in phases  # the artifact upload after the notice does not hide the interruption
     final = history[-1]
     assert final["exit_code"] == 143 and notice["time"] in final["failure_reason"]
-    assert notice["time"] in history[3]["message"]  # reported as soon as the notice came, before the driver ended
+    first = next(d for d in history if d["phase"] == "Interrupted")
+    assert first is not final and first["exit_code"] is None
+    assert notice["time"] in first["message"]  # reported as soon as the notice came, before the driver ended
+    # the script's "step N" lines: its first step was seen, and reported while it trained
+    assert any(p["Phase"] == "first_step" and "EndTime" in p for d in history if d["phase"] == "Training"
+               for p in d["phases"]), [d["phases"] for d in history]
+    assert [p["Phase"] for p in final["phases"]] == ["capacity", "peers", "code", "first_step", "upload"]
     lines = _log_lines(aws, "node-spot/algo-1")
     assert "[algo-1/0] step 0" in lines and "[algo-1/0] got SIGTERM: emergency checkpoint written" in lines
     assert lines[-1] == "[algo-1 agent] exiting with status 143"  # the tail was flushed

@@ -11,6 +11,8 @@ import pytest
 from trainyard import Estimator, TrainingInput
 from trainyard.job.errors import JobFailedError
 
+from tests.timeline import assert_phases_in_order, assert_transitions_cover_the_job
+
 from .helpers import SCRIPTS, assert_no_processes_left, job_processes, read_tar, store_client, wait_for_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -33,13 +35,21 @@ def dataset():
 
 
 def test_sagemaker_script_runs_unchanged(dataset, capsys):
-    est = _est(hyperparameters={"epochs": 3, "use_extra": False})
+    # every rank prints "rank=R world=4 ...": with this definition, each host's first metric row is its first step
+    est = _est(hyperparameters={"epochs": 3, "use_extra": False},
+               metric_definitions=[{"Name": "world", "Regex": r"world=(\d+)"}])
     est.fit({"train": TrainingInput(dataset, distribution="ShardedByS3Key")})
     job = est.latest_training_job
     d = job.describe()
     assert d["TrainingJobStatus"] == "Completed"
-    assert [t["Status"] for t in d["SecondaryStatusTransitions"]] == ["Starting", "Downloading", "Training", "Completed"]
-    assert all(t["StartTime"] <= t["EndTime"] for t in d["SecondaryStatusTransitions"])
+    assert assert_transitions_cover_the_job(d) == ["Starting", "PreparingTrainingStack", "Downloading", "Training",
+                                                   "Uploading", "Completed"]
+    # each host: its channel staged by the supervisor, then its driver spawned, code fetched, first step seen;
+    # algo-1 uploads the artifacts
+    assert_phases_in_order(d, {"algo-1": ["data", "capacity", "code", "first_step", "upload"],
+                               "algo-2": ["data", "capacity", "code", "first_step"]})
+    assert 0 < d["BillableTimeInSeconds"] <= (d["TrainingEndTime"] - d["CreationTime"]).total_seconds() + 1
+    assert "EstimatedCost" not in d
     out = capsys.readouterr().out
     # every rank ran with the hyperparameters decoded correctly (False stays false), prefixed [host/rank]
     for host, rank, files in [("algo-1", 0, "part-0.txt,part-2.txt"), ("algo-1", 1, "part-0.txt,part-2.txt"),

@@ -35,8 +35,8 @@ BOX = re.compile("[\u2500-\u257f]")  # box-drawing characters
 REGION_LINE = "no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --region"
 CREDENTIALS_LINE = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run "
                     "aws configure")
-COMMANDS = {"jobs", "describe", "logs", "metrics", "stop", "rm", "prune", "store", "checkpoint", "gc", "image",
-            "render"}
+COMMANDS = {"jobs", "describe", "logs", "metrics", "report", "stop", "rm", "prune", "store", "checkpoint", "gc",
+            "image", "render"}
 
 
 @pytest.fixture

@@ -91,6 +91,10 @@ def test_docker_run_has_devices_limits_gpus_and_shutdown_follows():
         assert part in line, part
     assert line.endswith(" || code=$?")
     assert '${devices[@]+"${devices[@]}"}' in line
+    # the times of the script's own steps reach the agent, for the host's capacity and image phases
+    assert "-e TRAINYARD_USERDATA_START -e TRAINYARD_IMAGE_PULL_START -e TRAINYARD_IMAGE_PULL_END " in line
+    assert text.index("export TRAINYARD_USERDATA_START=") < text.index("export TRAINYARD_IMAGE_PULL_START=") \
+        < text.index("get-login-password") < text.index("docker pull") < text.index("export TRAINYARD_IMAGE_PULL_END=")
     assert "for dev in /dev/infiniband/uverbs* " in text and 'devices+=(--device "$dev")' in text
     tail = text[text.index(AGENT_MARKER):]
     assert "\nshutdown -h now\n" in tail

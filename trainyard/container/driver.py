@@ -16,6 +16,10 @@
    signal and the rank's last lines;
 7. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
 
+It times what it does as the host's phases (trainyard/container/phases.py) in `--phases-file`: `capacity`
+(when the local supervisor says when it spawned this driver), `code`, `probe`, `first_step` (torchrun's
+start -> the first step seen, trainyard/container/firststep.py) and, on the first host, `upload`.
+
 With `checkpoint_s3_uri`, a user script's checkpoint folder is restored before it starts and synced while
 it runs and when it ends (`ckpt_sync.CheckpointSync`); the built-in trainer writes there itself.
 
@@ -42,6 +46,10 @@ from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
 from trainyard.container.contract import JOB_FILE, render_contract, user_args
 from trainyard.container.failure import RankFailure, root_cause, tail
+from trainyard.container.firststep import FirstStepWatch, rank_logs
+from trainyard.container.metricship import METRICS_FILE
+from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_ENV, PhaseLog
+from trainyard.job.jsonio import now_iso
 
 TORCHRUN = ("-m", "torch.distributed.run")
 PROBE_MODULE = "trainyard.container.probe"
@@ -87,7 +95,9 @@ def configure_network(host: str, environ=None, detect=efa.detect) -> None:
     line: `[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0 ...`."""
     environ = os.environ if environ is None else environ
     try:
-        line = efa.configure(environ, detect())
+        found = detect()
+        line = efa.configure(environ, found)
+        environ.setdefault("TRAINYARD_EFA_DEVICES", str(len(found.efa_devices)))  # the engine's fingerprint
     except Exception as e:  # detection must never fail a job: NCCL then runs on its own defaults
         line = f"EFA/NCCL detection failed ({type(e).__name__}: {e}); set nothing"
     _say(host, line)
@@ -147,6 +157,20 @@ def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int
         return 1, root_cause(failures)
 
 
+def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: PhaseLog, metrics_file: str,
+                 regexes: list[str]) -> tuple[int, RankFailure | None]:
+    """`run_torchrun`, timed as the `first_step` phase: from here to the first step the watch sees; no
+    step seen, no phase."""
+    phases.start(FIRST_STEP)
+    watch = FirstStepWatch(metrics_file, rank_logs(log_dir), regexes, lambda t: phases.end(FIRST_STEP, t)).start()
+    try:
+        return run_torchrun(cmd, cwd, host, log_dir)
+    finally:
+        watch.stop()
+        if not watch.seen:
+            phases.drop(FIRST_STEP)
+
+
 def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
     text, when = "", float(f.timestamp)
     # torchrun's layout: <log_dir>/<run id>/attempt_<n>/<local rank>/stderr.log
@@ -188,10 +212,13 @@ def write_failure(root: str, reason: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = now_iso()  # this host runs: the end of its `capacity` phase
     p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
     p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
     p.add_argument("--log-dir", default=None, help="torchrun's per-rank log files (default: a temporary folder)")
     p.add_argument("--status-file", default=None, help="JSON result of this host (default: <root>/output/host-status.json)")
+    p.add_argument("--phases-file", default=None,
+                   help=f"this host's phase timings (default: <root>/{HOST_PHASES_FILE})")
     a = p.parse_args(argv)
     # torchrun's tailer threads and ours share stdout: each write a whole line (see worker_site/sitecustomize.py)
     for stream in (sys.stdout, sys.stderr):
@@ -199,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(line_buffering=True, write_through=False)
     root = a.root.rstrip("/")
     status_file = a.status_file or f"{root}/output/host-status.json"
+    phases = PhaseLog(a.phases_file or f"{root}/{HOST_PHASES_FILE}")
+    requested = os.environ.pop(REQUESTED_ENV, None)  # not for the ranks: they inherit this environment
+    if requested:
+        phases.add("capacity", requested, started)
 
     with open(f"{root}/{JOB_FILE}") as fh:
         job = json.load(fh)
@@ -221,18 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     code_dir = f"{root}/code"
     sync: CheckpointSync | None = None
     try:
-        if spec.code_uri:
-            _say(host, f"fetching code from {spec.code_uri}")
-            fetch_code(spec.code_uri, code_dir)
-        if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
-            raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
-        # every rank ends its process group at exit if the script did not (worker_site/sitecustomize.py)
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
-        # requirements.txt (container/requirements.py): an overlay that every rank sees first on PYTHONPATH
-        overlay = requirements.prepare(code_dir, requirements.default_cache_root(), say=lambda m: _say(host, m))
-        if overlay is not None:
-            overlay.activate(os.environ)
-            _say(host, f"requirements.txt: {overlay.summary()}")
+        with phases.timed("code", enabled=bool(spec.code_uri)):
+            if spec.code_uri:
+                _say(host, f"fetching code from {spec.code_uri}")
+                fetch_code(spec.code_uri, code_dir)
+            if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
+                raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
+            # every rank ends its process group at exit if the script did not (worker_site/sitecustomize.py)
+            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
+            # requirements.txt (container/requirements.py): an overlay that every rank sees first on PYTHONPATH
+            overlay = requirements.prepare(code_dir, requirements.default_cache_root(), say=lambda m: _say(host, m))
+            if overlay is not None:
+                overlay.activate(os.environ)
+                _say(host, f"requirements.txt: {overlay.summary()}")
         if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER:
             sync = CheckpointSync(contract.env["SM_CHECKPOINT_DIR"], spec.checkpoint_s3_uri,
                                   interval=float(os.environ.get("TRAINYARD_CHECKPOINT_SYNC_S", DEFAULT_INTERVAL_S)),
@@ -255,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
                 _say(host, f"bandwidth probe: {spec.world_size} process(es), rendezvous on port {port}")
-                probe_code = run_probe(probe_cmd, code_dir, timeout)
+                with phases.timed("probe"):
+                    probe_code = run_probe(probe_cmd, code_dir, timeout)
                 if probe_code != 0:
                     why = f"ran past {timeout:.0f} s" if probe_code is None else f"exited with status {probe_code}"
                     _say(host, f"bandwidth probe {why}; training starts all the same")
@@ -265,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
         )
         _say(host, "launching " + " ".join(cmd[1:]))
-        code, failure = run_torchrun(cmd, code_dir, host, log_dir)
+        code, failure = run_training(cmd, code_dir, host, log_dir, phases=phases,
+                                     metrics_file=f"{root}/output/data/{METRICS_FILE}",
+                                     regexes=[d["Regex"] for d in spec.metric_definitions])
         if failure is not None:
             reason = failure.reason()
     except Exception as e:  # the driver itself failed: the job fails with that reason
@@ -288,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
         try:
             _say(host, "uploading model and output data")
-            status["artifacts"] = upload_artifacts(spec, root)
+            with phases.timed("upload"):
+                status["artifacts"] = upload_artifacts(spec, root)
         except Exception as e:
             if code == 0:
                 code, reason = 1, f"{host} driver: uploading artifacts failed: {type(e).__name__}: {e}"

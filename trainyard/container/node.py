@@ -26,8 +26,12 @@ metadata tells them apart. The agent
    or `Interrupted`, and exits with the driver's status.
 
 The status object is rewritten whole at `<state_uri>/hosts/algo-N/status.json` at every phase change:
-`{"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason"}`; the first
-host's metrics parts are next to it, under `<state_uri>/hosts/algo-1/metrics/`.
+`{"host", "instance_id", "attempt", "phase", "message", "time", "exit_code", "failure_reason", "phase_times",
+"phases"}`: `phase_times` says when the host entered each phase, `phases` is the host's cold start as timed
+phases (trainyard/container/phases.py: `capacity` and `image` from the instance's LaunchTime and the times
+the user data hands over, `peers` and `data` timed here, the driver's `code`, `first_step` and `upload` read
+from its phases file); the object is also rewritten, phase unchanged, when the driver's phases change. The
+first host's metrics parts are next to it, under `<state_uri>/hosts/algo-1/metrics/`.
 
 Nothing here imports torch; boto3 is imported when first needed.
 """
@@ -48,7 +52,8 @@ from trainyard.container.hostnames import HOSTS_FILE, RESOLVES_ENV, update_hosts
 from trainyard.container.imds import SPOT_POLL_S, Imds, SpotWatcher
 from trainyard.container.logship import CWL_EVENT_BYTES, LogShipper
 from trainyard.container.metricship import METRICS_FILE, MetricsShipper
-from trainyard.container.peers import PEER_WAIT_S, find_peers, host_name, own_host_index
+from trainyard.container.peers import PEER_WAIT_S, find_peers, host_index, host_name, own_instance
+from trainyard.container.phases import HOST_PHASES_FILE, PhaseLog, boot_phases, merge, read_phases, settle
 from trainyard.container.staging import FSX_ROOT, stage_channel
 from trainyard.job.facts import RDZV_PORT
 from trainyard.job.jsonio import now_iso
@@ -115,14 +120,20 @@ def get_text(uri: str) -> str:
 
 class StatusWriter:
     """Rewrites the host's status object at every phase change. After a final phase only another final
-    phase is written, and after `Interrupted` nothing but a final one."""
+    phase is written, and after `Interrupted` nothing but a final one. `host_phases()` gives the host's
+    timed phases to write with it (`publish()` writes them without a phase change)."""
 
-    def __init__(self, state_uri: str, host: str, instance_id: str, attempt: int, say: Callable[[str], None]):
+    def __init__(self, state_uri: str, host: str, instance_id: str, attempt: int, say: Callable[[str], None],
+                 host_phases: Callable[[], list[dict]] = list):
         self.uri = status_uri(state_uri, host)
-        self.doc = {"host": host, "instance_id": instance_id, "attempt": attempt, "phase": None}
+        self.doc = {"host": host, "instance_id": instance_id, "attempt": attempt, "phase": None,
+                    "phase_times": {}, "phases": []}
         self.say = say
+        self.host_phases = host_phases
         self.phases: list[str] = []
         self._lock = threading.Lock()
+        self._put_lock = threading.Lock()  # one put at a time, never an older document over a newer one
+        self._made = self._sent = 0  # documents made, and the newest one put
 
     @property
     def phase(self) -> str | None:
@@ -137,16 +148,41 @@ class StatusWriter:
                 return False
             if current == "Interrupted" and phase == "Uploading":
                 return False
-            self.doc.update(phase=phase, message=message, time=now_iso(), exit_code=exit_code,
+            t = now_iso()
+            self.doc.update(phase=phase, message=message, time=t, exit_code=exit_code,
                             failure_reason=failure_reason[:1024] if failure_reason else None)
+            self.doc["phase_times"].setdefault(phase, t)
+            # at the end, a phase still running ended with the host (a first step never seen did not happen)
+            self.doc["phases"] = settle(self.host_phases(), t) if phase in FINAL_PHASES else self.host_phases()
             self.phases.append(phase)
-            text = json.dumps(self.doc, indent=1)
+            text, n = self._made_doc()
         self.say(f"status {phase}: {message}")
-        try:
-            put_text(self.uri, text)
-        except Exception as e:  # training goes on; the controller then sees a late phase, not a crash
-            self.say(f"could not write {self.uri}: {type(e).__name__}: {e}")
-            return False
+        return self._put(text, n)
+
+    def publish(self) -> bool:
+        """Write the host's phases again when they changed (the phase stays; nothing is said)."""
+        with self._lock:
+            phases = self.host_phases()
+            if self.doc["phase"] is None or self.doc["phase"] in FINAL_PHASES or phases == self.doc["phases"]:
+                return False
+            self.doc["phases"] = phases
+            text, n = self._made_doc()
+        return self._put(text, n)
+
+    def _made_doc(self) -> tuple[str, int]:
+        self._made += 1
+        return json.dumps(self.doc, indent=1), self._made
+
+    def _put(self, text: str, n: int) -> bool:
+        with self._put_lock:
+            if n < self._sent:  # a newer document went out meanwhile (another thread's)
+                return True
+            try:
+                put_text(self.uri, text)
+            except Exception as e:  # training goes on; the controller then sees a late phase, not a crash
+                self.say(f"could not write {self.uri}: {type(e).__name__}: {e}")
+                return False
+            self._sent = n
         return True
 
 
@@ -172,6 +208,8 @@ class Agent:
         self.notice: dict | None = None
         self.stop_signal: int | None = None
         self._wake = threading.Event()  # set by a signal or the spot notice: cuts every wait short
+        self.phases = PhaseLog()  # the host phases timed here (the driver's are in its own file)
+        self.driver_phases_file = f"{self.root}/{HOST_PHASES_FILE}"
 
     def say(self, msg: str) -> None:
         self.emit(f"[{self.host} agent] {msg}")
@@ -207,20 +245,29 @@ class Agent:
             return f"the agent was stopped ({signal.Signals(self.stop_signal).name})"
         return None
 
+    def host_phases(self) -> list[dict]:
+        """This host's timed phases: the agent's and the driver's (container/phases.py)."""
+        return merge(self.phases.entries, read_phases(self.driver_phases_file))
+
     def run(self) -> int:
+        started = now_iso()
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._on_signal)
         imds = Imds()
         launch_index = int(imds.require("/latest/meta-data/ami-launch-index"))
         instance_id = imds.require("/latest/meta-data/instance-id")
-        index = own_host_index(self._client("ec2"), instance_id)  # the host-index tag, else the launch index
+        me = own_instance(self._client("ec2"), instance_id)
+        index = host_index(me)  # the host-index tag, else the launch index
+        launched = me.get("LaunchTime")  # EC2's: when RunInstances asked for it
+        for entry in boot_phases(launched.isoformat() if launched else None, started, os.environ):
+            self.phases.add(entry["Phase"], entry["StartTime"], entry["EndTime"])
         local_ip = imds.get("/latest/meta-data/local-ipv4") or "?"
         self.host, self.instance_id = host_name(index), instance_id
         try:
             self.logs = LogShipper(self._client("logs"), LOG_GROUP, f"{self.job_name}/{self.host}").start()
         except Exception as e:  # no CloudWatch: the job still runs, its output on the console
             self.say(f"CloudWatch Logs unavailable, logging to the console only: {type(e).__name__}: {e}")
-        self.status = StatusWriter(self.state_uri, self.host, instance_id, self.attempt, self.say)
+        self.status = StatusWriter(self.state_uri, self.host, instance_id, self.attempt, self.say, self.host_phases)
         watcher = SpotWatcher(imds, float(os.environ.get("TRAINYARD_SPOT_POLL_S", SPOT_POLL_S)), self._on_notice,
                               self.say).start()
         code = 1
@@ -254,25 +301,27 @@ class Agent:
         if index >= spec.instance_count:
             raise ValueError(f"host index {index} but the job has {spec.instance_count} instance(s)")
         deadline = time.monotonic() + spec.max_run  # even with no controller left, the instance ends
-        peers = find_peers(self._client("ec2"), spec.job_name, self.attempt, spec.instance_count,
-                           timeout=float(os.environ.get("TRAINYARD_PEER_WAIT_S", PEER_WAIT_S)), say=self.say,
-                           stop=self._interrupted, wake=self._wake)
-        if peers[index].instance_id != self.instance_id:
-            self.say(f"warning: DescribeInstances has {peers[index].instance_id} at host index {index}, "
-                     f"IMDS says this is {self.instance_id}")
+        with self.phases.timed("peers"):
+            peers = find_peers(self._client("ec2"), spec.job_name, self.attempt, spec.instance_count,
+                               timeout=float(os.environ.get("TRAINYARD_PEER_WAIT_S", PEER_WAIT_S)), say=self.say,
+                               stop=self._interrupted, wake=self._wake)
+            if peers[index].instance_id != self.instance_id:
+                self.say(f"warning: DescribeInstances has {peers[index].instance_id} at host index {index}, "
+                         f"IMDS says this is {self.instance_id}")
+            self._add_host_names({host_name(p.launch_index): p.private_ip for p in peers})
         master_addr = os.environ.get("TRAINYARD_MASTER_ADDR") or peers[0].private_ip
         master_port = int(os.environ.get("TRAINYARD_MASTER_PORT") or RDZV_PORT)
-        self._add_host_names({host_name(p.launch_index): p.private_ip for p in peers})
         self._check_interrupt()
 
         self.status.write("Downloading", f"downloading input data ({len(spec.channels)} channel(s)); "
                                          f"master {master_addr}:{master_port}")
         fsx_root = os.environ.get("TRAINYARD_FSX_ROOT", FSX_ROOT)
-        for ch in spec.channels:
-            stage_channel(ch.name, ch.uri, f"{self.root}/input/data/{ch.name}", distribution=ch.distribution,
-                          host_index=index, host_count=spec.instance_count, fsx_root=fsx_root,
-                          stop=self._interrupted, say=self.say)
-            self._check_interrupt()
+        with self.phases.timed("data", enabled=bool(spec.channels)):
+            for ch in spec.channels:
+                stage_channel(ch.name, ch.uri, f"{self.root}/input/data/{ch.name}", distribution=ch.distribution,
+                              host_index=index, host_count=spec.instance_count, fsx_root=fsx_root,
+                              stop=self._interrupted, say=self.say)
+                self._check_interrupt()
         contract = render_contract(spec, index, root=self.root, master_addr=master_addr, master_port=master_port,
                                    network_interface=default_interface(), num_cpus=os.cpu_count())
         write_contract(contract, self.root)
@@ -314,11 +363,13 @@ class Agent:
         reader.start()
         why: str | None = None
         kill_at: float | None = None
+        seen_phases = None
         while True:
             self._wake.wait(WAIT_POLL_S)
             self._wake.clear()
             if proc.poll() is not None:
                 break
+            seen_phases = self._publish_phases(seen_phases)
             if why is None:
                 why = self._interrupted()
                 grace = INTERRUPT_GRACE_S if self.notice is not None else STOP_GRACE_S
@@ -342,6 +393,17 @@ class Agent:
         self._signal_driver(signal.SIGKILL)  # whatever of its group is left
         reader.join(READER_JOIN_S)
         return _exit_status(proc.returncode if proc.returncode is not None else -signal.SIGKILL), why
+
+    def _publish_phases(self, seen: tuple | None) -> tuple | None:
+        """Write the status again when the driver's phases file changed since `seen` (its stamp, returned)."""
+        try:
+            st = os.stat(self.driver_phases_file)
+        except OSError:
+            return seen
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # each rewrite is a new file (os.replace)
+        if stamp != seen:
+            self.status.publish()
+        return stamp
 
     def _pump(self, proc: subprocess.Popen) -> None:
         upload_line = f"[{self.host}] {_UPLOAD_LINE}"

@@ -38,9 +38,9 @@ def host_index(instance: dict) -> int:
     return int(tag) if tag is not None else int(instance.get("AmiLaunchIndex", 0))
 
 
-def own_host_index(ec2, instance_id: str, tries: int = 3, wait: float = 2.0) -> int:
-    """This instance's host index (see `host_index`), from DescribeInstances of its own id; retried, as
-    a just-launched instance may not be visible to the API yet."""
+def own_instance(ec2, instance_id: str, tries: int = 3, wait: float = 2.0) -> dict:
+    """This instance's DescribeInstances record (its tags, launch index, LaunchTime); retried, as a
+    just-launched instance may not be visible to the API yet."""
     for attempt in range(tries):
         try:
             reply = ec2.describe_instances(InstanceIds=[instance_id])
@@ -49,7 +49,12 @@ def own_host_index(ec2, instance_id: str, tries: int = 3, wait: float = 2.0) -> 
             if attempt + 1 == tries:
                 raise
             time.sleep(wait)
-    return host_index(reply["Reservations"][0]["Instances"][0])
+    return reply["Reservations"][0]["Instances"][0]
+
+
+def own_host_index(ec2, instance_id: str, tries: int = 3, wait: float = 2.0) -> int:
+    """This instance's host index (see `host_index`), from DescribeInstances of its own id (`own_instance`)."""
+    return host_index(own_instance(ec2, instance_id, tries, wait))
 
 
 def list_peers(ec2, job_name: str, attempt: int) -> list[Peer]:

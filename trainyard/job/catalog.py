@@ -1,4 +1,5 @@
-"""Instance types known to Trainyard, from a catalog shipped with the SDK (no network call)."""
+"""Instance types known to Trainyard and their hourly prices, from a catalog shipped with the SDK (no network
+call): `catalog/instance_types.json` and `catalog/prices.json`."""
 from __future__ import annotations
 
 import difflib
@@ -87,3 +88,40 @@ def lookup(instance_type: object) -> InstanceType:
             "p4d, p4de, p5, p5e, p5en, g5 and trn1 families (with or without the 'ml.' prefix)",
         )
     return InstanceType(name=name, **row)
+
+
+PRICES_FILE = "catalog/prices.json"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HourlyPrice:
+    """What one instance costs per hour, by the shipped price table."""
+
+    per_hour: float
+    """USD per instance-hour."""
+    market: str
+    """`on-demand` or `spot`."""
+    source: str
+    """Where the figure comes from: the table's file and date, and how a spot figure was estimated."""
+
+
+@cache
+def price_table() -> dict:
+    """The shipped price table (`trainyard/job/catalog/prices.json`): On-Demand list prices per region."""
+    return json.loads(resources.files("trainyard.job").joinpath(PRICES_FILE).read_text())
+
+
+def hourly_price(instance_type: str, region: str, *, spot: bool) -> HourlyPrice | None:
+    """The price of one `instance_type` (`ml.` prefix or not) instance-hour in `region`: the On-Demand list
+    price, or for spot that times (1 - the table's `spot_discount_estimate`), since spot prices move by
+    zone and hour and are not in the table. None when the table has no price for the type there."""
+    table = price_table()
+    on_demand = table["on_demand"].get(region, {}).get(instance_type.removeprefix("ml."))
+    if on_demand is None:
+        return None
+    source = f"trainyard/job/{PRICES_FILE}, On-Demand list price in {region} as of {table['as_of']}"
+    if not spot:
+        return HourlyPrice(per_hour=on_demand, market="on-demand", source=source)
+    share = 1 - table["spot_discount_estimate"]
+    return HourlyPrice(per_hour=on_demand * share, market="spot",
+                       source=f"{source}; spot estimated at {share:.0%} of it (spot prices are not in the table)")

@@ -82,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("job", metavar="JOB", help="the job's name")
     mt.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     mt.add_argument("--tail", type=_positive, default=None, metavar="N", help="only the last N rows")
+    rp = _command(sub, "report", "write a job's report: one HTML file of plots, no network needed",
+                  f"trainyard report {EXAMPLE_JOB}\ntrainyard report {EXAMPLE_JOB} -o run-1.html",
+                  "Loss, lr, gradient norm, tokens/s and MFU, the step's compute/communication split, bytes per mesh\n"
+                  "dimension intra/inter-host, memory, checkpoints, the startup timeline per host, the fingerprint\n"
+                  "and the cost, each drawn from the data the job has. plotly.js is inlined: the file opens without\n"
+                  "a network. Needs plotly: pip install 'trainyard[report]'.")
+    rp.add_argument("job", metavar="JOB", help="the job's name")
+    rp.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="where to write it (default: JOB-report.html in the current folder)")
     _command(sub, "stop", "stop a running job: every process of it ends",
              f"trainyard stop {EXAMPLE_JOB}").add_argument("job", metavar="JOB", help="the job's name")
     rm = _command(sub, "rm", "delete the folders of ended jobs",
@@ -226,6 +235,8 @@ def _run(a) -> int:
         return _logs(a.job, a.follow)
     elif a.cmd == "metrics":
         return cli_jobs.show_metrics(a.job, a.json, a.tail)
+    elif a.cmd == "report":
+        return cli_jobs.write_job_report(a.job, a.output)
     elif a.cmd == "stop":
         open_job(a.job).stop()
         print(f"{a.job}: {open_job(a.job).status()}")

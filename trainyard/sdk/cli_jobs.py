@@ -1,8 +1,9 @@
-"""`trainyard jobs | metrics | rm | prune`: the jobs of this machine, read from their folders.
+"""`trainyard jobs | metrics | report | rm | prune`: the jobs of this machine, read from their folders.
 
 A job is `$TRAINYARD_HOME/jobs/<job>/` (see `jobstate.py`), whichever backend ran it; `open_job` gives its
-handle. These commands only read a folder, or delete the whole folder of a job that has ended: nothing
-outside `jobs_root()` is touched (a job's artifacts in object storage stay).
+handle. These commands only read a folder (`report` writes one file where it is told), or delete the whole
+folder of a job that has ended: nothing outside `jobs_root()` is touched (a job's artifacts in object storage
+stay).
 """
 from __future__ import annotations
 
@@ -174,6 +175,18 @@ def show_metrics(name: str, as_json: bool = False, tail: int | None = None) -> i
             cells.append(local_time(datetime.fromtimestamp(t, timezone.utc)) if isinstance(t, (int, float)) else "")
         table.append(cells)
     print_table(keys + (["time"] if timed else []), table, right=tuple(keys))
+    return 0
+
+
+def write_job_report(name: str, path: str | None = None) -> int:
+    """`trainyard report JOB [-o FILE]`: the job's HTML report (sdk/report.py); prints the path written.
+    1 when plotly, which draws it, is not installed."""
+    job = open_job(name)
+    try:
+        print(job.report(path))
+    except ImportError as e:
+        print(f"trainyard: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

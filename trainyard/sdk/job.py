@@ -12,14 +12,16 @@ import json
 import os
 import signal
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 from trainyard.container.contract import hp_json
+from trainyard.container.phases import settle
 from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import metrics
 from trainyard.sdk.joblog import LogReader, job_log_paths
 from trainyard.sdk.jobstate import TERMINAL, job_dir, pid_alive, read_json, wait_for
+from trainyard.sdk.report import write_report
 
 STOP_TIMEOUT_S = 60.0
 # wait(logs=...): SageMaker's values. "All" and "Rules" print the job's lines; "None" prints nothing.
@@ -59,8 +61,7 @@ class TrainingJob:
         if doc["TrainingJobStatus"] not in TERMINAL and not self._supervisor_alive():
             doc = read_json(f"{self.dir}/status.json")  # it may have finished between the two looks
             if doc["TrainingJobStatus"] not in TERMINAL:
-                doc.update(TrainingJobStatus="Failed", SecondaryStatus="Failed",
-                           FailureReason="the job's supervisor process ended unexpectedly; see logs/supervisor.log")
+                _ended_silently(doc)
         return doc
 
     def _supervisor_alive(self) -> bool:
@@ -71,7 +72,9 @@ class TrainingJob:
         return time.time() - os.path.getmtime(f"{self.dir}/status.json") < 60
 
     def describe(self) -> dict:
-        """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes."""
+        """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes. Besides SageMaker's
+        keys: `HostPhases`, each host's cold start split into timed phases (trainyard/container/phases.py),
+        and, from the backend (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
         s, spec = self._status(), self.spec
         out = {
             "TrainingJobName": self.name,
@@ -79,6 +82,7 @@ class TrainingJob:
             "TrainingJobStatus": s["TrainingJobStatus"],
             "SecondaryStatus": s["SecondaryStatus"],
             "SecondaryStatusTransitions": [_times(t) for t in s["SecondaryStatusTransitions"]],
+            "HostPhases": {host: [_times(p) for p in phases] for host, phases in s.get("HostPhases", {}).items()},
             "HyperParameters": {k: hp_json(v) for k, v in spec.hyperparameters.items()},
             "AlgorithmSpecification": {"TrainingInputMode": spec.input_mode, "EntryPoint": spec.entry_point,
                                        "MetricDefinitions": [dict(d) for d in spec.metric_definitions],
@@ -101,7 +105,17 @@ class TrainingJob:
             if k in s:
                 out[k] = s[k]
         out.update(_times({k: s[k] for k in ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime") if k in s}))
+        out.update(self._usage(s, _until(s)))
         return out
+
+    def _usage(self, s: dict, until: datetime) -> dict:
+        """`BillableTimeInSeconds` (and, for a backend that bills, `EstimatedCost`) of the status `s`, counted
+        up to `until`. SageMaker's BillableTimeInSeconds is wall-clock seconds of ONE instance: times
+        InstanceCount it is the compute SageMaker bills (DescribeTrainingJob's reference). A local job bills
+        nothing; its figure, kept for comparison with EC2 jobs, is its wall time from CreationTime to its end
+        (now while it runs), not multiplied by the instance count either; it has no EstimatedCost."""
+        wall = (until - datetime.fromisoformat(s["CreationTime"])).total_seconds()
+        return {"BillableTimeInSeconds": max(0, round(wall))}
 
     def status(self) -> str:
         return self._status()["TrainingJobStatus"]
@@ -178,6 +192,11 @@ class TrainingJob:
                         pass  # a line being written right now
         return out + self._scraped()
 
+    def report(self, path: str | None = None) -> str:
+        """Write the job's report, one self-contained HTML file (sdk/report.py), to `path` (default
+        `<job name>-report.html` here); returns its path. Needs plotly: pip install 'trainyard[report]'."""
+        return write_report(self, path or f"{self.name}-report.html")
+
     def _scraped(self) -> list[dict]:
         if not self.spec.metric_definitions:
             return []
@@ -195,6 +214,27 @@ def _channel(c) -> dict:
     if c.content_type:
         out["ContentType"] = c.content_type
     return out
+
+
+def _until(s: dict) -> datetime:
+    """The end of the job of status `s` (now while it runs)."""
+    end = s.get("TrainingEndTime") if s["TrainingJobStatus"] in TERMINAL else None
+    return datetime.fromisoformat(end) if end else datetime.now(timezone.utc)
+
+
+def _ended_silently(doc: dict) -> None:
+    """The status `doc` of a job whose supervisor (or controller) died without a word: Failed, as of the last
+    time it wrote (the open transition ends there, a Failed one starts there; a host phase still running
+    ended there too)."""
+    t = doc.get("LastModifiedTime") or doc["CreationTime"]
+    trans = doc["SecondaryStatusTransitions"]
+    if trans and "EndTime" not in trans[-1]:
+        trans[-1]["EndTime"] = max(t, trans[-1]["StartTime"], key=datetime.fromisoformat)
+        t = trans[-1]["EndTime"]
+    reason = "the job's supervisor process ended unexpectedly; see logs/supervisor.log"
+    trans.append({"Status": "Failed", "StartTime": t, "EndTime": t, "StatusMessage": reason})
+    doc["HostPhases"] = {h: settle(p, t) for h, p in doc.get("HostPhases", {}).items()}
+    doc.update(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason, TrainingEndTime=t)
 
 
 def _times(d: dict) -> dict:

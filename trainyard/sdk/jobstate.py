@@ -3,8 +3,10 @@
     $TRAINYARD_HOME/jobs/<job>/
         spec.json        the JobSpec
         runtime.json     endpoint, master port, whether hosts get a private /opt/ml
-        status.json      TrainingJobStatus, transitions, FailureReason (atomic rewrites)
+        status.json      TrainingJobStatus, transitions, FailureReason, HostPhases, and for EC2 jobs the
+                         instances' InstanceTimes (sdk/aws/billing.py) (atomic rewrites)
         hosts/algo-N/    each host's /opt/ml root
+        hosts/algo-N.phases.json   the phases the host's driver timed (container/phases.py)
         logs/algo-N.log  each host's driver output (rank-prefixed lines); logs/supervisor.log
         torchrun/algo-N/ torchrun's per-rank log files
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
 
 from trainyard.job.jsonio import now_iso, read_json, write_json
 from trainyard.job.storage import output_prefix
@@ -31,7 +34,10 @@ def job_dir(job_name: str) -> str:
 
 
 class Status:
-    """The status document, with SageMaker's secondary-status transitions."""
+    """The status document, with SageMaker's secondary-status transitions: in time order and contiguous
+    (each one ends when the next starts), the first starting at `CreationTime`, the last one open (no
+    `EndTime`) while the job runs; the final one (Completed, Failed, Stopped, MaxRuntimeExceeded) starts
+    and ends at `TrainingEndTime`. `HostPhases` (trainyard/container/phases.py) is kept here too."""
 
     def __init__(self, path: str):
         self.path = path
@@ -40,9 +46,11 @@ class Status:
             "CreationTime": now_iso(),
         }
 
-    def transition(self, secondary: str, message: str, *, status: str | None = None) -> None:
-        t = now_iso()
+    def transition(self, secondary: str, message: str, *, status: str | None = None, at: str | None = None) -> None:
+        """Enter `secondary` now, or `at` (a time another process recorded: a host's upload, a node's report),
+        kept between the current transition's start and now so that the list stays ordered."""
         trans = self.doc["SecondaryStatusTransitions"]
+        t = _between(at, trans[-1]["StartTime"], now_iso()) if trans else self.doc["CreationTime"]
         if trans and "EndTime" not in trans[-1]:
             trans[-1]["EndTime"] = t
         entry = {"Status": secondary, "StartTime": t, "StatusMessage": message}
@@ -55,7 +63,7 @@ class Status:
             self.doc["TrainingJobStatus"] = status
         if secondary == "Training":
             self.doc["TrainingStartTime"] = t
-        self.doc["LastModifiedTime"] = t
+        self.doc["LastModifiedTime"] = max(t, now_iso(), key=datetime.fromisoformat)
         self.save()
 
     def update(self, **fields) -> None:
@@ -65,6 +73,16 @@ class Status:
 
     def save(self) -> None:
         write_json(self.path, self.doc)
+
+
+def _between(t: str | None, lo: str, hi: str) -> str:
+    """`t` (None: `hi`) kept within [lo, hi], all ISO 8601 times."""
+    if t is None:
+        return hi
+    parsed = datetime.fromisoformat(t)
+    if parsed < datetime.fromisoformat(lo):
+        return lo
+    return hi if parsed > datetime.fromisoformat(hi) else t
 
 
 def record_outcome(status: Status, spec, outcome: str, reason: str, *, artifacts: bool, log) -> str:

@@ -6,6 +6,13 @@ Started detached by `LocalBackend.launch`, so a job outlives the `fit()` that st
 `Estimator.attach`). It is a child subreaper: workers that torchrun starts in their own sessions, and any
 process they leave behind, end up as its descendants, and every one of them is killed when the job ends
 (success, failure, `stop()`, `max_run`). No orphan survives.
+
+It writes the job's status document (`jobstate.Status`): the secondary status transitions (Starting, written
+by `launch()`; PreparingTrainingStack, Downloading and Training as it gets there; Uploading when the first
+host's driver starts its upload; the outcome), and `HostPhases` (trainyard/container/phases.py): each
+host's `data` phase (the staging of its channels, timed here) merged with the phases its driver times in
+`hosts/algo-N.phases.json` (`capacity` from the spawn time this process hands it, `code`, `first_step`,
+`upload`), read again whenever that file changes.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from urllib.parse import urlparse
 from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import RankFailure, root_cause
+from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
@@ -104,6 +112,8 @@ class Supervisor:
         self.plan = None  # the emulated network's names and addresses, when the job has one
         self.relay = None
         self.driver_env: dict[str, str] = {}
+        self.phases = {host: PhaseLog() for host in self.spec.hosts}  # what this process times per host
+        self.phase_files: dict[str, tuple] = {}  # host -> (its driver's phases file's stamp, its entries)
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_reason = self.stop_reason or "Stopped"
@@ -152,20 +162,24 @@ class Supervisor:
             write_contract(contract, hostdir)
 
     def stage_channels(self) -> None:
-        """Each host's share of each channel into its folder (trainyard/container/staging.py, as on EC2);
-        a stop request ends it between two files."""
+        """Each host's share of each channel into its folder (trainyard/container/staging.py, as on EC2),
+        host after host, each timed as that host's `data` phase; a stop request ends it between two files."""
         spec = self.spec
+        listings: dict[str, list | None] = {}  # each channel is listed once, for all hosts (by the first)
 
         def stop() -> str | None:
             return self.stop_reason if self.stop_requested() else None
 
         try:
-            for ch in spec.channels:
-                files = None if ch.uri.startswith("fsx://") else list_channel(ch.name, ch.uri)  # once for all hosts
-                for i, host in enumerate(spec.hosts):
-                    stage_channel(ch.name, ch.uri, f"{self.jobdir}/hosts/{host}/input/data/{ch.name}",
-                                  distribution=ch.distribution, host_index=i, host_count=spec.instance_count,
-                                  files=files, stop=stop, say=lambda msg, host=host: _log(f"{host}: {msg}"))
+            for i, host in enumerate(spec.hosts):
+                with self.phases[host].timed("data", enabled=bool(spec.channels)):
+                    for ch in spec.channels:
+                        if ch.name not in listings:
+                            listings[ch.name] = None if ch.uri.startswith("fsx://") else list_channel(ch.name, ch.uri)
+                        stage_channel(ch.name, ch.uri, f"{self.jobdir}/hosts/{host}/input/data/{ch.name}",
+                                      distribution=ch.distribution, host_index=i, host_count=spec.instance_count,
+                                      files=listings[ch.name], stop=stop,
+                                      say=lambda msg, host=host: _log(f"{host}: {msg}"))
         except InterruptedError:
             return  # run() sees the stop request
 
@@ -182,7 +196,8 @@ class Supervisor:
             driver = [*hostnames.launcher_command(host, hosts_file, shim_dir),
                       sys.executable, "-m", "trainyard.container.driver",
                       "--log-dir", f"{self.jobdir}/torchrun/{host}",
-                      "--status-file", f"{self.jobdir}/hosts/{host}.status.json"]
+                      "--status-file", f"{self.jobdir}/hosts/{host}.status.json",
+                      "--phases-file", self._phases_file(host)]
             if private:
                 cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                        f'mount --bind "$0" {MOUNT_POINT} && exec "$@"', hostdir, *driver, "--root", MOUNT_POINT]
@@ -190,10 +205,39 @@ class Supervisor:
                 cmd = [*driver, "--root", hostdir]
             if self.plan is not None:
                 cmd = in_host(self.plan, i, cmd)
-            p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, cwd=hostdir)
+            # the host is asked for now: its driver ends `capacity` when it runs (container/phases.py)
+            p = subprocess.Popen(cmd, env={**env, REQUESTED_ENV: now_iso()}, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=hostdir)
             self.pumps.append(LinePump(p.stdout, f"{self.jobdir}/logs/{host}.log"))
             self.drivers[p.pid] = p
+
+    # -- status: host phases and the upload ----------------------------------------------------------
+    def _phases_file(self, host: str) -> str:
+        return f"{self.jobdir}/hosts/{host}.phases.json"
+
+    def record_phases(self, ended: bool = False) -> None:
+        """Bring `HostPhases` up to date (a driver's phases file is read again when it changed), and add the
+        Uploading transition once the first host's driver has begun its upload. `ended`: the job is over;
+        every file is read a last time, and a phase still running ended with the job (a first step never
+        seen is dropped)."""
+        for host in self.spec.hosts:
+            path = self._phases_file(host)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # a rewrite is a new file (os.replace)
+            if ended or self.phase_files.get(host, (None,))[0] != stamp:
+                self.phase_files[host] = (stamp, read_phases(path))
+        phases = {h: merge(self.phases[h].entries, self.phase_files.get(h, (None, []))[1]) for h in self.spec.hosts}
+        if ended:
+            now = now_iso()
+            phases = {h: settle(entries, now) for h, entries in phases.items()}
+        if phases != self.status.doc.get("HostPhases"):
+            self.status.update(HostPhases=phases)
+        upload = next((e for e in phases[self.spec.hosts[0]] if e["Phase"] == "upload"), None)
+        if upload is not None and self.status.doc["SecondaryStatus"] == "Training":
+            self.status.transition("Uploading", "Uploading model and output data", at=upload["StartTime"])
 
     def drain_logs(self) -> None:
         """Every line the processes wrote is in the log files before the job's outcome is recorded."""
@@ -259,6 +303,7 @@ class Supervisor:
                 _log(f"stopping the job ({self.stop_reason})")
                 self.terminate()
                 return self.stop_reason
+            self.record_phases()
             if time.monotonic() > next_ping and self.runtime.get("embedded_store"):
                 healthy(self.runtime["env"]["AWS_ENDPOINT_URL"])
                 next_ping = time.monotonic() + STORE_PING_S
@@ -288,13 +333,15 @@ class Supervisor:
         spec, st = self.spec, self.status
         outcome, reason = "Failed", ""
         try:
-            st.transition("Downloading", "Preparing the hosts and downloading input data")
+            st.transition("PreparingTrainingStack", "Preparing the hosts: /opt/ml, network, contract files")
             private = self.runtime.get("private_opt_ml", True) and private_opt_ml_works(self.jobdir)
             st.update(PrivateOptMl=private)
             if spec.emulated_network is not None:
                 self.network_up()
             self.prepare_hosts(private)
+            st.transition("Downloading", f"Downloading input data ({len(spec.channels)} channel(s))")
             self.stage_channels()
+            self.record_phases()
             if self.stop_requested():
                 outcome = self.stop_reason
             else:
@@ -313,6 +360,10 @@ class Supervisor:
                 self.network_down()
             except Exception as e:  # never lose the job's final status over a cleanup error
                 _log(f"warning: removing the emulated network failed: {e}")
+        try:
+            self.record_phases(ended=True)
+        except Exception as e:  # never lose the job's final status over its timings
+            _log(f"warning: recording the hosts' phases failed: {e}")
         artifacts = os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json")
         record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
         return 0

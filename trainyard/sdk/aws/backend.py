@@ -19,6 +19,7 @@ from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_
 from trainyard.sdk.job import TrainingJob
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.job.uris import join, split_s3
+from trainyard.sdk.aws import billing
 from trainyard.sdk.aws.preflight import new_session, preflight
 from trainyard.sdk.aws.network import release_unused
 from trainyard.sdk.aws.provision import Cluster, Ledger, find_tagged
@@ -41,8 +42,13 @@ def state_uri(spec: JobSpec) -> str:
 
 
 class Ec2Job(TrainingJob):
-    """A handle on an EC2 job: the local job's, with EC2's stop time and the region in the ARN."""
+    """A handle on an EC2 job: the local job's, with EC2's stop time, the region in the ARN, and the
+    instances' billable time and estimated cost (trainyard/sdk/aws/billing.py)."""
     stop_timeout_s = STOP_TIMEOUT_S
+
+    def _usage(self, s: dict, until) -> dict:
+        region = read_json(f"{self.dir}/runtime.json")["region"]
+        return billing.usage(self.spec, region, s.get(billing.KEY, []), until)
 
     def __repr__(self) -> str:
         return f"Ec2Job({self.name!r})"
@@ -128,10 +134,11 @@ def _start(spec: JobSpec, plan, session, say) -> "Ec2Job":
     status.transition("Starting", "Preflight passed: " + plan.describe().splitlines()[0])
     bucket, key = split_s3(join(runtime["state_uri"], "spec.json"))
     session.client("s3").put_object(Bucket=bucket, Key=key, Body=spec.to_json().encode())
-    status.transition("Provisioning", f"Provisioning {spec.instance_count} x {plan.instance_type} in {plan.zone}")
+    status.transition("LaunchingMLInstances", f"Creating the network and launching {spec.instance_count} x "
+                                              f"{plan.instance_type} in {plan.zone}")
     cluster = Cluster(session, spec.job_name, ledger=Ledger(path=f"{jobdir}/ledger.json"), say=say)
     try:
-        cluster.provision(plan, lambda attempt: render_user_data(
+        instances = cluster.provision(plan, lambda attempt: render_user_data(
             spec, state_uri=runtime["state_uri"], region=plan.region, attempt=attempt, fsx_mounts=fsx))
     except KeyboardInterrupt:
         status.transition("Stopped", "Interrupted while provisioning; everything created was deleted", status="Stopped")
@@ -140,6 +147,7 @@ def _start(spec: JobSpec, plan, session, say) -> "Ec2Job":
         status.update(FailureReason=f"{type(e).__name__}: {e}"[:1024])
         status.transition("Failed", "Provisioning failed; everything created was deleted", status="Failed")
         raise JobFailedError(spec.job_name, "Failed", str(e)) from e
+    billing.launched(status, instances, 1)  # their LaunchTime: the start of the job's instance-hours
     env = {k: v for k, v in os.environ.items() if not (credentials and k in STALE_CREDENTIAL_VARIABLES)}
     with open(f"{jobdir}/logs/supervisor.log", "ab") as log:
         subprocess.Popen([sys.executable, "-m", "trainyard.sdk.aws.controller", jobdir], stdin=subprocess.DEVNULL,

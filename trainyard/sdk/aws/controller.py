@@ -3,7 +3,9 @@ the part SageMaker's service plays. Started by `fit()` once the instances are la
 
 - follows the job: each node's status object in S3 (`<state_uri>/hosts/algo-N/status.json`, written by
   the node agent) and the instances' states; the least advanced node sets the secondary status
-  (Downloading, Training, Uploading);
+  (DownloadingTrainingImage, PreparingTrainingStack, Downloading, Training, Uploading), each dated by the
+  nodes' own times (trainyard/sdk/aws/progress.py), and the nodes' timed phases become the job's
+  `HostPhases`; when each instance ends is recorded for the job's instance-hours (trainyard/sdk/aws/billing.py);
 - mirrors each node's CloudWatch Logs stream into the job folder (`logs/algo-N.log`), so that
   `wait()`, `logs()` and `attach()` work as for local jobs, and the first host's `metrics.jsonl` (the
   parts its node agent ships, trainyard/container/metricship.py) into
@@ -31,6 +33,8 @@ import time
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
+from trainyard.container.phases import settle
+from trainyard.sdk.aws import billing, progress
 from trainyard.sdk.aws.provision import Cluster, Ledger
 from trainyard.sdk.aws.userdata import render_user_data
 from trainyard.sdk.joblog import stamped
@@ -38,9 +42,7 @@ from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, w
 
 LOG_GROUP = "/trainyard/jobs"
 POLL_S = float(os.environ.get("TRAINYARD_CONTROLLER_POLL_S", "5"))
-PHASES = ("Starting", "Downloading", "Training", "Uploading", "Completed")
-MESSAGES = {"Downloading": "Downloading input data on the instances", "Training": "Training in progress",
-            "Uploading": "Uploading model and output data"}
+PHASES = progress.NODE_PHASES
 GONE = ("shutting-down", "terminated", "stopping", "stopped")
 INTERRUPT_GRACE_S = 150  # a spot notice comes two minutes before the instance is reclaimed
 
@@ -131,11 +133,22 @@ class Controller:
             self.metrics_failing = True
 
     def instance_states(self, attempt: int) -> dict[str, str]:
+        """The states of the attempt's instances; one seen ending is recorded as ended (billing.py)."""
         ids = [i["id"] for i in self.cluster.ledger.items if i["kind"] == "instance" and i.get("attempt") == attempt]
         if not ids:
             return {}
         reply = self.cluster.ec2.describe_instances(InstanceIds=ids)
-        return {i["InstanceId"]: i["State"]["Name"] for r in reply["Reservations"] for i in r["Instances"]}
+        states = {i["InstanceId"]: i["State"]["Name"] for r in reply["Reservations"] for i in r["Instances"]}
+        billing.ended(self.status, [i for i, state in states.items() if state in GONE])
+        return states
+
+    def follow(self, docs: dict[str, dict | None]) -> None:
+        """The transitions every node has reached since the last look, dated by the nodes, and their phases."""
+        for status, at, message in progress.steps(docs, self.status.doc["SecondaryStatus"]):
+            self.status.transition(status, message, at=at)
+        phases = {**self.status.doc.get("HostPhases", {}), **progress.host_phases(docs)}
+        if phases != self.status.doc.get("HostPhases", {}):
+            self.status.update(HostPhases=phases)
 
     # ---- the loop ---------------------------------------------------------------------------------------
 
@@ -145,7 +158,6 @@ class Controller:
         spec, attempt = self.spec, self.runtime.get("attempt", 1)
         started = time.monotonic()
         training_started: float | None = None
-        secondary = self.status.doc["SecondaryStatus"]
         outcome, reason = "Failed", ""
         try:
             while True:
@@ -164,11 +176,7 @@ class Controller:
                         outcome = "MaxRuntimeExceeded"
                     break
                 least = min(phases, key=PHASES.index) if all(p in PHASES for p in phases) else "Starting"
-                done = PHASES.index(secondary) if secondary in PHASES else 0
-                for phase in PHASES[done + 1:PHASES.index(least) + 1]:  # every node passed the ones between
-                    if phase in MESSAGES:
-                        self.status.transition(phase, MESSAGES[phase])
-                        secondary = phase
+                self.follow(docs)
                 if least == "Completed":
                     outcome = "Completed"
                     break
@@ -180,11 +188,11 @@ class Controller:
                     continue
                 if interrupted or vanished:
                     what = f"hosts {interrupted} interrupted" if interrupted else f"instances {vanished} ended"
-                    if not self.retry(attempt, what, started):
+                    when = progress.interrupted_at([docs[h] for h in interrupted])
+                    if not self.retry(attempt, what, started, when):
                         reason = f"{what} and no retry is left (use_spot_instances with max_retry_attempts)"
                         break
                     attempt += 1
-                    secondary = "Starting"
                     continue
                 if least == "Training" and training_started is None:
                     training_started = time.monotonic()
@@ -209,22 +217,28 @@ class Controller:
             return True
         return False
 
-    def retry(self, attempt: int, what: str, started: float) -> bool:
-        """Launch the next attempt on new capacity when the job may retry. Returns False when it may not."""
+    def retry(self, attempt: int, what: str, started: float, when: str | None = None) -> bool:
+        """Launch the next attempt on new capacity when the job may retry. Returns False when it may not.
+        `when`: the time of the interruption, when a node reported it."""
         spec = self.spec
         if not spec.use_spot_instances or attempt > spec.max_retry_attempts:
             return False
         self.status.transition("Interrupted", f"{what}; launching attempt {attempt + 1} of "
-                                              f"{spec.max_retry_attempts + 1} on new capacity")
-        self.cluster.terminate([i for i in self.instance_states(attempt)], wait=False)
+                                              f"{spec.max_retry_attempts + 1} on new capacity", at=when)
+        ids = list(self.instance_states(attempt))
+        billing.ended(self.status, ids)
+        self.cluster.terminate(ids, wait=False)
         user_data = render_user_data(spec, state_uri=self.runtime["state_uri"], region=self.runtime["region"],
                                      attempt=attempt + 1, fsx_mounts=self.runtime.get("fsx_mounts", []))
+        self.status.transition("LaunchingMLInstances", f"attempt {attempt + 1}: launching {spec.instance_count} "
+                                                       f"x {spec.instance_type} on new capacity")
         while not self.stopping:
-            if self.cluster.relaunch(user_data, attempt=attempt + 1, count=spec.instance_count,
-                                     use_spot=spec.use_spot_instances):
+            instances = self.cluster.relaunch(user_data, attempt=attempt + 1, count=spec.instance_count,
+                                              use_spot=spec.use_spot_instances)
+            if instances:
+                billing.launched(self.status, instances, attempt + 1)
                 self.runtime["attempt"] = attempt + 1
                 write_json(f"{self.jobdir}/runtime.json", self.runtime)
-                self.status.transition("Starting", f"attempt {attempt + 1}: instances launched")
                 return True
             if spec.max_wait is not None and time.monotonic() - started > spec.max_wait:
                 return False
@@ -233,6 +247,7 @@ class Controller:
 
     def finish(self, outcome: str, reason: str) -> int:
         spec, st = self.spec, self.status
+        billing.ended(st, billing.running(st))  # the teardown terminates them now
         left = self.cluster.teardown()
         if left:
             _log("WARNING: left behind: " + "; ".join(left))
@@ -241,8 +256,14 @@ class Controller:
         except Exception as e:  # noqa: BLE001
             _log(f"reading the last log lines failed: {e}")
         self.mirror_metrics()
-        first = self.host_status(spec.hosts[0], self.runtime.get("attempt", 1)) or {}
+        docs = {h: self.host_status(h, self.runtime.get("attempt", 1)) for h in spec.hosts}
+        first = docs[spec.hosts[0]] or {}
         artifacts = first.get("phase") in ("Uploading", "Completed", "Failed")  # its driver uploads at the end
+        try:  # the nodes' last phases; one still running (a node that never reported its end) ended now
+            phases = {**st.doc.get("HostPhases", {}), **progress.host_phases(docs)}
+            st.update(HostPhases={h: settle(p, now_iso()) for h, p in phases.items()})
+        except Exception as e:  # noqa: BLE001 - never lose the job's final status over its timings
+            _log(f"recording the hosts' phases failed: {e}")
         record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
         return 0
 

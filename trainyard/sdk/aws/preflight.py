@@ -11,8 +11,6 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from urllib.parse import unquote
 
 from trainyard.job import catalog
@@ -155,10 +153,9 @@ class Plan:
                          + [f"  note:      {x}" for x in self.notes])
 
 
-@cache
 def prices() -> dict:
     """The shipped price table (trainyard/job/catalog/prices.json)."""
-    return json.loads(resources.files("trainyard.job").joinpath("catalog/prices.json").read_text())
+    return catalog.price_table()
 
 
 def new_session(region: str | None = None):
@@ -548,15 +545,13 @@ def _check_fsx(session, ec2, spec, zones, subnets, notes):
 
 def _cost(spec, region: str, notes: list):
     table = prices()
-    price = table["on_demand"].get(region, {}).get(spec.instance_type)
+    price = catalog.hourly_price(spec.instance_type, region, spot=spec.use_spot_instances)  # what describe() uses
     if price is None:
         notes.append(f"no price for {spec.instance_type} in {region} in the price table of {table['as_of']}; "
                      "cost not estimated")
         return None, table["as_of"], None, None
-    per_instance = price
     if spec.use_spot_instances:
-        per_instance = price * (1 - table["spot_discount_estimate"])
         notes.append(f"spot cost estimated at {1 - table['spot_discount_estimate']:.0%} of the On-Demand list price; "
                      "real spot prices vary by zone and hour")
-    per_hour = per_instance * spec.instance_count
-    return price, table["as_of"], per_hour, per_hour * spec.max_run / 3600
+    per_hour = price.per_hour * spec.instance_count
+    return table["on_demand"][region][spec.instance_type], table["as_of"], per_hour, per_hour * spec.max_run / 3600

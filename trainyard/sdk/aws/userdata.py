@@ -7,6 +7,10 @@ InstanceInitiatedShutdownBehavior=terminate makes that a termination). A step th
 agent runs writes the host's status object (phase `Failed`) itself, so the controller learns why, and the
 instance powers off all the same: nothing is left running.
 
+It times what it does before the agent runs, for the host's phases (trainyard/container/phases.py): its
+own start (the instance runs: the end of `capacity`) and the registry login and image pull (`image`), handed
+to the agent's container as `TRAINYARD_USERDATA_START`, `TRAINYARD_IMAGE_PULL_START` and `..._END`.
+
 Every value is quoted with `shlex.quote`. The agent's command line follows the marker line
 `AGENT_MARKER`; `agent_command(user_data)` gives it back as argv (tests play the instance with it).
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from trainyard.container.phases import IMAGE_END_ENV, IMAGE_START_ENV, USERDATA_START_ENV
 from trainyard.job import catalog
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import split_fsx
@@ -31,6 +36,7 @@ LUSTRE_OPTIONS = "relatime,flock"  # REFERENCE: mount -t lustre -o relatime,floc
 STOP_TIMEOUT_S = 45
 STACK_BYTES = 67108864  # 64 MiB stack limit, as in AWS's own deep-learning containers
 
+NOW = "$(date -u +%Y-%m-%dT%H:%M:%S.%3N+00:00)"  # UTC, milliseconds: what Python's fromisoformat reads
 _ECR_HOST = re.compile(r"^\d{12}\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-\d+$")
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,17}$")
@@ -87,8 +93,9 @@ def render_user_data(spec: "JobSpec", *, state_uri: str, region: str, attempt: i
         f"STATE_URI={q(state_uri.rstrip('/'))}",
         f"REGION={q(region)}",
         f"ATTEMPT={attempt}",
+        f"export {USERDATA_START_ENV}={NOW}  # the instance runs: the end of its capacity phase",
         'exec > >(tee -a "$LOG_FILE" >"$CONSOLE") 2>&1',
-        'echo "trainyard: user data started $(date -u +%Y-%m-%dT%H:%M:%SZ)"',
+        f'echo "trainyard: user data started ${USERDATA_START_ENV}"',
         'step="starting"',
         _FUNCTIONS,
         "trap finish EXIT",
@@ -118,6 +125,7 @@ def render_user_data(spec: "JobSpec", *, state_uri: str, region: str, attempt: i
                 f"mountpoint -q {q(mount_point)} || retry {MOUNT_TRIES} {MOUNT_WAIT_S} "
                 f"mount -t lustre -o {LUSTRE_OPTIONS} {q(source)} {q(mount_point)}",
             ]
+    out.append(f"export {IMAGE_START_ENV}={NOW}")
     ecr = ecr_registry(image)
     if ecr is not None:
         registry, ecr_region = ecr
@@ -132,6 +140,7 @@ def render_user_data(spec: "JobSpec", *, state_uri: str, region: str, attempt: i
     out += [
         f"step={q('pulling ' + image)}",
         f"retry {PULL_TRIES} {PULL_WAIT_S} docker pull {q(image)}",
+        f"export {IMAGE_END_ENV}={NOW}",
         'step="starting the node agent"',
         f"mkdir -p {ML_ROOT}",
         "devices=()",
@@ -178,7 +187,9 @@ def _docker_run(spec: "JobSpec", gpus: bool, fsx: bool, state_uri: str, region: 
               '--shm-size "${shm_kib}k"']
     if fsx:
         parts.append(f"-v {FSX_ROOT}:{FSX_ROOT}")
-    parts += [f"-v {ML_ROOT}:{ML_ROOT}", f"-e AWS_REGION={q(region)}", q(spec.image_uri),
+    parts += [f"-v {ML_ROOT}:{ML_ROOT}", f"-e AWS_REGION={q(region)}",
+              # the times the script took above, for the host's phases (exported: -e NAME passes the value)
+              f"-e {USERDATA_START_ENV} -e {IMAGE_START_ENV} -e {IMAGE_END_ENV}", q(spec.image_uri),
               "python -m", AGENT_MODULE, "--state-uri", q(state_uri.rstrip("/")), "--region", q(region),
               "--attempt", str(attempt)]
     return " ".join(parts)
