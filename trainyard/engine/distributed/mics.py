@@ -111,7 +111,7 @@ class HierarchicalAllGather(_TwoHop, AllGather):
             return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         k, m, n = self.k, self.m, input_tensor.numel()
         flat, out = input_tensor.reshape(-1), output_tensor.view(k, m, n)
-        step = -(-n // max(1, min(self.chunks, n)))
+        step = max(1, -(-n // max(1, min(self.chunks, n))))
         bounds = [(a, min(n, a + step)) for a in range(0, n, step)]
         across = [torch.empty(k * (b - a), dtype=flat.dtype, device=flat.device) for a, b in bounds]
         hop1 = [dist.all_gather_single(x, flat[a:b], group=self.inter, async_op=len(bounds) > 1)
