@@ -103,7 +103,7 @@ class ReplicaSync:
                 self._sent[b] = (work, flat, grads)
                 return
             residual = self.residual.get(b)
-            if residual is not None:
+            if residual is not None and residual.shape == flat.shape:  # (a parameter without a gradient changes it)
                 flat += residual
             packed = pack(flat, self.compression)
             self.residual[b] = flat - unpack(packed, self.compression, flat.numel())
