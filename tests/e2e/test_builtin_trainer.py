@@ -33,6 +33,10 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
     assert [r["step"] for r in m] == list(range(1, 11))
     assert m[-1]["loss"] < m[0]["loss"] - 0.5, [r["loss"] for r in m]
     assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 for r in m)
+    # what it ran on, recorded once: in the first row and in describe()
+    fingerprint = job.describe()["HardwareFingerprint"]
+    assert fingerprint == m[0]["fingerprint"] and fingerprint["world_size"] == 4 and fingerprint["hosts"] == 2
+    assert all("fingerprint" not in r for r in m[1:]) and 0 < m[-1]["mfu"] < 1
     model = read_tar(est.model_data)
     assert {"model.pt", "config.json"} <= set(model)
     # committed steps under checkpoint_s3_uri: 8 and 10 (keep_last 2), each with its .metadata

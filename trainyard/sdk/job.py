@@ -74,7 +74,7 @@ class TrainingJob:
     def describe(self) -> dict:
         """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes. Besides SageMaker's
         keys: `HostPhases`, each host's cold start split into timed phases (trainyard/container/phases.py),
-        and, from the backend (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
+        `HardwareFingerprint` (the first metrics row's `fingerprint`, when the job wrote one), and, from the backend (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
         s, spec = self._status(), self.spec
         out = {
             "TrainingJobName": self.name,
@@ -101,6 +101,9 @@ class TrainingJob:
         final = metrics.final_metric_data_list(self._scraped())
         if final:
             out["FinalMetricDataList"] = final
+        fingerprint = next((r["fingerprint"] for r in self.metrics() if isinstance(r.get("fingerprint"), dict)), None)
+        if fingerprint is not None:  # what the built-in trainer measured on (trainyard/engine/components/fingerprint.py)
+            out["HardwareFingerprint"] = fingerprint
         for k in ("FailureReason", "ModelArtifacts"):
             if k in s:
                 out[k] = s[k]
