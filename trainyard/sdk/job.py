@@ -101,7 +101,8 @@ class TrainingJob:
         final = metrics.final_metric_data_list(self._scraped())
         if final:
             out["FinalMetricDataList"] = final
-        fingerprint = next((r["fingerprint"] for r in self.metrics() if isinstance(r.get("fingerprint"), dict)), None)
+        # the written rows only: the log was scraped just above, once is enough
+        fingerprint = next((r["fingerprint"] for r in self._written() if isinstance(r.get("fingerprint"), dict)), None)
         if fingerprint is not None:  # what the built-in trainer measured on (trainyard/engine/components/fingerprint.py)
             out["HardwareFingerprint"] = fingerprint
         for k in ("FailureReason", "ModelArtifacts"):
@@ -184,6 +185,10 @@ class TrainingJob:
         """The job's metrics, oldest first: the rows it wrote to `$SM_OUTPUT_DATA_DIR/metrics.jsonl` (rank 0
         of algo-1; the built-in trainer writes one per step), then one row per log line that matched the
         `metric_definitions` (`{"timestamp": ..., "<Name>": value}`)."""
+        return self._written() + self._scraped()
+
+    def _written(self) -> list[dict]:
+        """The rows of algo-1's metrics.jsonl."""
         path = f"{self.dir}/hosts/{self.spec.hosts[0]}/output/data/metrics.jsonl"
         out = []
         if os.path.exists(path):
@@ -193,7 +198,7 @@ class TrainingJob:
                         out.append(json.loads(line))
                     except ValueError:
                         pass  # a line being written right now
-        return out + self._scraped()
+        return out
 
     def report(self, path: str | None = None) -> str:
         """Write the job's report, one self-contained HTML file (sdk/report.py), to `path` (default
