@@ -38,6 +38,9 @@ from trainyard.sdk.store import healthy
 
 POLL_S = 0.1
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
+# ... and how long they get while every failure reported is an echo (a peer's collective error): the
+# host whose rank caused it may still be ending its other ranks and writing its report
+ECHO_SETTLE_S = 20.0
 STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: time for torchrun to stop its workers and algo-1 to upload
 LOG_DRAIN_S = 10.0  # after the last process ended, how long the log pumps get to write what they read
 STORE_PING_S = 60.0  # keeps the embedded store from idling out while the job runs
@@ -113,6 +116,7 @@ class Supervisor:
         self.relay = None
         self.driver_env: dict[str, str] = {}
         self.phases = {host: PhaseLog() for host in self.spec.hosts}  # what this process times per host
+        self._reasons: dict[str, str] = {}  # host -> the reason its driver wrote, once it failed
         self.phase_files: dict[str, tuple] = {}  # host -> (its driver's phases file's stamp, its entries)
 
     def _on_signal(self, signum, _frame) -> None:
@@ -291,8 +295,11 @@ class Supervisor:
             if not self.running():
                 return "Completed" if all(c == 0 for c in self.exits.values()) else "Failed"
             if any(c != 0 for c in self.exits.values()) and not self.stop_requested():
-                settle = time.monotonic() + FAILURE_SETTLE_S  # let the others report their own end
-                while self.running() and time.monotonic() < settle:
+                first = time.monotonic()  # let the others report their own end
+                while self.running():
+                    causes = [f for f in self.failures() if not f.is_echo]
+                    if time.monotonic() > first + (FAILURE_SETTLE_S if causes else ECHO_SETTLE_S):
+                        break
                     self.reap()
                     time.sleep(POLL_S)
                 self.terminate()
@@ -309,23 +316,28 @@ class Supervisor:
                 next_ping = time.monotonic() + STORE_PING_S
             time.sleep(POLL_S)
 
-    def failure_reason(self) -> str:
-        """The root cause among the hosts that failed on their own."""
+    def failures(self) -> list[RankFailure]:
+        """The failures of the hosts that ended on their own, as their drivers reported them."""
         failures: list[RankFailure] = []
-        reasons: dict[str, str] = {}
         for host, code in self.exits.items():
             if code == 0 or code == 128 + signal.SIGTERM:
                 continue
             path = f"{self.jobdir}/hosts/{host}.status.json"
             st = read_json(path) if os.path.exists(path) else {}
-            reasons[host] = st.get("reason") or f"{host}: the driver exited with status {code} and no report"
+            reason = st.get("reason") or f"{host}: the driver exited with status {code} and no report"
             f = st.get("failure")
             failures.append(RankFailure(**f) if f else RankFailure(
                 host=host, rank=-1, local_rank=-1, exitcode=code, signal="", time=st.get("finished", time.time()),
-                last_lines=reasons[host]))
+                last_lines=reason))
+            self._reasons[host] = reason
+        return failures
+
+    def failure_reason(self) -> str:
+        """The root cause among the hosts that failed on their own."""
+        failures = self.failures()
         if not failures:
             return "the job failed without a report from any host"
-        return reasons[root_cause(failures).host]
+        return self._reasons[root_cause(failures).host]
 
     def run(self) -> int:
         set_subreaper()
