@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 import urllib.error
 import urllib.request
 from datetime import datetime
@@ -525,3 +526,19 @@ def test_state_uri_names_the_job():
 def test_node_agent_imports_without_torch():
     code = "import sys, trainyard.container.node; assert 'torch' not in sys.modules and 'boto3' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_long_channel_download_says_how_far_it_is(tmp_path, monkeypatch):
+    src = tmp_path / "data"
+    src.mkdir()
+    for i in range(4):
+        (src / f"part-{i}.bin").write_bytes(b"x" * (1 << 20))
+    clock = iter(float(t) for t in (0, 4, 11, 12, 30, 31))  # start, then after each of the 4 files, then the end
+    monkeypatch.setattr(staging, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    said = []
+    got = staging.stage_channel("train", f"file://{src}", str(tmp_path / "dest"), distribution="FullyReplicated",
+                                host_index=0, host_count=1, say=said.append)
+    assert got == (4, 4 << 20)
+    # due after 10 s (the 2nd file), then 10 s after that (the 4th is the last: the summary says it)
+    assert said == ["channel train: 2/4 files, 2.0 of 4.0 MiB (50%), 0.2 MiB/s, 11 s left",
+                    f"channel train: 4 files, 4.0 MiB from file://{src} in 31.0 s"]

@@ -4,6 +4,7 @@ import os
 from datetime import datetime, timedelta, timezone
 
 from trainyard.container.firststep import FirstStepWatch, rank_logs
+from trainyard.engine.components.contract import FIRST_STEP_ENV, mark_first_step
 from trainyard.container.phases import (IMAGE_END_ENV, IMAGE_START_ENV, USERDATA_START_ENV, PhaseLog, boot_phases,
                                         merge, read_phases, settle)
 
@@ -111,3 +112,18 @@ def test_the_watch_thread_reports_once_and_stops(tmp_path):
     idle.start()
     idle.stop()
     assert not idle.seen and os.path.isdir(tmp_path / "idle")
+
+
+def test_the_first_step_is_the_engines_marker_file(tmp_path, monkeypatch):
+    marker = tmp_path / "torchrun" / "first-step"
+    marker.parent.mkdir(parents=True)
+    watch = FirstStepWatch(str(tmp_path / "metrics.jsonl"), rank_logs(str(tmp_path / "torchrun")), [],
+                           on_seen=[].append, marker=str(marker))
+    assert not watch.check()
+    monkeypatch.delenv(FIRST_STEP_ENV, raising=False)
+    mark_first_step()  # outside a job: nothing
+    assert not marker.exists()
+    monkeypatch.setenv(FIRST_STEP_ENV, str(marker))
+    mark_first_step()
+    mark_first_step()  # every rank calls it: the second is a no-op
+    assert watch.check()

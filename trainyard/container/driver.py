@@ -46,6 +46,7 @@ from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
 from trainyard.container.contract import JOB_FILE, render_contract, user_args
 from trainyard.container.failure import RankFailure, root_cause, tail
+from trainyard.engine.components.contract import FIRST_STEP_ENV
 from trainyard.container.firststep import FirstStepWatch, rank_logs
 from trainyard.container.metricship import METRICS_FILE
 from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_ENV, PhaseLog
@@ -162,7 +163,12 @@ def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: P
     """`run_torchrun`, timed as the `first_step` phase: from here to the first step the watch sees; no
     step seen, no phase."""
     phases.start(FIRST_STEP)
-    watch = FirstStepWatch(metrics_file, rank_logs(log_dir), regexes, lambda t: phases.end(FIRST_STEP, t)).start()
+    marker = os.path.join(log_dir, "first-step")  # the engine creates it after its first step (on every rank)
+    if os.path.exists(marker):
+        os.remove(marker)
+    os.environ[FIRST_STEP_ENV] = marker
+    watch = FirstStepWatch(metrics_file, rank_logs(log_dir), regexes, lambda t: phases.end(FIRST_STEP, t),
+                           marker=marker).start()
     try:
         return run_torchrun(cmd, cwd, host, log_dir)
     finally:

@@ -7,11 +7,13 @@ The first of these, on this host, counts as its first step:
 - a line of one of the host's ranks (torchrun's per-rank `stdout.log` / `stderr.log`, which `--redirects 3
   --tee 3` writes besides the console) that one of the job's `metric_definitions` regexes matches (what
   SageMaker turns into a metric row), or that starts with `step <number>` (`step 4/100 loss ...`,
-  `Step 10: ...`; a line such as `resumed from step 3` does not).
+  `Step 10: ...`; a line such as `resumed from step 3` does not);
+- the marker file the driver names in `$TRAINYARD_FIRST_STEP_FILE`, which the engine's built-in trainer
+  creates on every rank once its first step is done.
 
 A thread polls every `POLL_S` and reads only what was appended since its last look; the time it notices a
 line is the time recorded, so the first step's end is late by at most `POLL_S`. A host whose ranks print
-no such line (the other hosts of a built-in trainer's job: only rank 0 speaks) sees no first step.
+no such line and run no engine trainer sees no first step.
 """
 from __future__ import annotations
 
@@ -38,8 +40,9 @@ class FirstStepWatch:
     """Calls `on_seen(time)` once, from its thread, when the first step shows; `stop()` ends the watch."""
 
     def __init__(self, metrics_file: str, rank_log_glob: str, regexes: Iterable[str],
-                 on_seen: Callable[[str], None], poll: float = POLL_S):
+                 on_seen: Callable[[str], None], poll: float = POLL_S, marker: str | None = None):
         self.metrics_file, self.rank_log_glob, self.on_seen, self.poll = metrics_file, rank_log_glob, on_seen, poll
+        self.marker = marker
         self.patterns = [STEP_LINE, *(re.compile(r) for r in regexes)]
         # rows written before this run (a resumed job appends to the same file) are not its first step
         self.offsets = {metrics_file: _size(metrics_file)}
@@ -65,6 +68,8 @@ class FirstStepWatch:
 
     def check(self) -> bool:
         """One look: is there a first step now?"""
+        if self.marker and os.path.exists(self.marker):
+            return True
         if self._new_lines(self.metrics_file):
             return True
         for path in sorted(glob.glob(self.rank_log_glob)):

@@ -4,16 +4,19 @@
 
 `s3://` and `file://` channels: the objects under the prefix (`storage.list_files`), this host's share of
 them (`storage.shard`: all, or every N-th with ShardedByS3Key), downloaded file by file. `fsx://fs-id/dir`
-channels: a symlink to the mounted file system. Either way one line says what the host got.
+channels: a symlink to the mounted file system. Either way one line says what the host got, and a long
+download says how far it is every `PROGRESS_EVERY_S`.
 """
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 from trainyard.job import storage
 from trainyard.job.uris import split_fsx
 
+PROGRESS_EVERY_S = 10.0
 FSX_ROOT = "/fsx"  # where the user data mounts FSx for Lustre file systems: <root>/<fs-id>
 
 
@@ -56,11 +59,21 @@ def stage_channel(name: str, uri: str, dest: str, *, distribution: str, host_ind
         return 0, 0
     mine = storage.shard(list_channel(name, uri) if files is None else files, host_index, host_count, distribution)
     os.makedirs(dest, exist_ok=True)
-    total = 0
-    for obj in mine:
+    total, size = 0, sum(obj[2] for obj in mine)
+    started = next_say = time.monotonic()
+    next_say += PROGRESS_EVERY_S
+    for n, obj in enumerate(mine, 1):
         why = stop()
         if why:
             raise InterruptedError(why)
         total += storage.download_tree(uri, dest, [obj])
-    say(f"channel {name}: {len(mine)} files, {total / 2**20:.1f} MiB from {uri}")
+        now = time.monotonic()
+        if now >= next_say and n < len(mine):  # a long download says how far it is
+            rate = total / (now - started)
+            left = f", {(size - total) / rate:.0f} s left" if rate > 0 else ""
+            say(f"channel {name}: {n}/{len(mine)} files, {total / 2**20:.1f} of {size / 2**20:.1f} MiB "
+                f"({100 * total / max(size, 1):.0f}%), {rate / 2**20:.1f} MiB/s{left}")
+            next_say = now + PROGRESS_EVERY_S
+    took = time.monotonic() - started
+    say(f"channel {name}: {len(mine)} files, {total / 2**20:.1f} MiB from {uri} in {took:.1f} s")
     return len(mine), total

@@ -21,7 +21,8 @@ from torch import nn
 from trainyard.engine import api
 from trainyard.engine.components import checkpoint as ckpt
 from trainyard.engine.components import flops
-from trainyard.engine.components.contract import checkpoint_uri_from_contract, model_dir, output_data_dir
+from trainyard.engine.components.contract import (checkpoint_uri_from_contract, mark_first_step, model_dir,
+                                                 output_data_dir)
 from trainyard.engine.components.data import build_source, channel_dir
 from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
@@ -186,6 +187,8 @@ class Trainer:
                 with meter.active():
                     record = self.train_step(step)
                 self.step = step
+                if step == start + 1:
+                    mark_first_step()  # the driver times this host's first step by it
                 elapsed = time.perf_counter() - t0
                 tokens_per_s = tokens_per_step / elapsed
                 tflops = self.flops_per_token * tokens_per_s / self.ctx.world_size / 1e12

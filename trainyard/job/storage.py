@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from functools import cache
+from typing import Callable
 
 from trainyard.job.uris import join, split_s3
 
@@ -54,16 +55,19 @@ def put_bytes(uri: str, data: bytes, content_type: str = "application/octet-stre
         os.replace(path + ".partial", path)
 
 
-def put_file(local_path: str, uri: str, s3=None) -> None:
-    """Copy a file to `uri`; `s3`: the client for an `s3://` URI (default: `s3_client()`)."""
+def put_file(local_path: str, uri: str, s3=None, progress: Callable[[int], None] | None = None) -> None:
+    """Copy a file to `uri`; `s3`: the client for an `s3://` URI (default: `s3_client()`); `progress` is
+    called with the bytes sent since its last call."""
     if uri.startswith("s3://"):
         bucket, key = split_s3(uri)
-        (s3 or s3_client()).upload_file(local_path, bucket, key)
+        (s3 or s3_client()).upload_file(local_path, bucket, key, Callback=progress)
     else:
         dest = _local(uri)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(local_path, dest + ".partial")
         os.replace(dest + ".partial", dest)
+        if progress is not None:
+            progress(os.path.getsize(dest))
 
 
 def get_file(uri: str, local_path: str) -> None:

@@ -20,6 +20,7 @@ from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import metrics
 from trainyard.sdk.joblog import LogReader, job_log_paths
+from trainyard.sdk.live import Follow
 from trainyard.sdk.jobstate import TERMINAL, job_dir, pid_alive, read_json, wait_for
 from trainyard.sdk.report import write_report
 
@@ -131,15 +132,8 @@ class TrainingJob:
         """
         if logs not in LOG_MODES:
             raise ConfigError("logs", f"{logs!r}: use 'All', 'None' or 'Rules' (or True/False)")
-        follower = self._reader() if LOG_MODES[logs] else None
         try:
-            while True:
-                done = self.status() in TERMINAL
-                for line in follower.poll(final=done) if follower else ():
-                    print(line, flush=True)
-                if done:
-                    break
-                time.sleep(poll)
+            self._follow(show_lines=LOG_MODES[logs], poll=poll)
         except KeyboardInterrupt:
             print(f"[trainyard] interrupted: stopping {self.name} ...", flush=True)
             self.stop()
@@ -153,14 +147,24 @@ class TrainingJob:
     def logs(self, wait: bool = True, poll: float = 0.2) -> None:
         """Print the job's log lines: what it printed so far and, with `wait`, the rest as it comes, until
         it ends (SageMaker's `logs_for_job`). Unlike `wait()`, a failed job does not raise here."""
-        follower = self._reader()
-        while True:
-            done = not wait or self.status() in TERMINAL
-            for line in follower.poll(final=done):
+        if not wait:
+            for line in self._reader().poll(final=True):
                 print(line, flush=True)
-            if done:
-                return
-            time.sleep(poll)
+            return
+        self._follow(show_lines=True, poll=poll)
+
+    def _follow(self, show_lines: bool, poll: float) -> None:
+        """Until the job ends: its log lines (when `show_lines`) under its live progress line (sdk/live.py)."""
+        reader = self._reader()
+        with Follow(self, show_lines=show_lines) as view:
+            while True:
+                done = self.status() in TERMINAL
+                for line in reader.poll(final=done):
+                    view.line(line)
+                view.tick()
+                if done:
+                    return
+                time.sleep(poll)
 
     def log_text(self) -> str:
         """Everything the job printed so far, one story in time order: each line stamped with its UTC time,
@@ -187,9 +191,13 @@ class TrainingJob:
         `metric_definitions` (`{"timestamp": ..., "<Name>": value}`)."""
         return self._written() + self._scraped()
 
+    def metrics_path(self) -> str:
+        """algo-1's metrics.jsonl, here (the EC2 controller mirrors it to the same place)."""
+        return f"{self.dir}/hosts/{self.spec.hosts[0]}/output/data/metrics.jsonl"
+
     def _written(self) -> list[dict]:
         """The rows of algo-1's metrics.jsonl."""
-        path = f"{self.dir}/hosts/{self.spec.hosts[0]}/output/data/metrics.jsonl"
+        path = self.metrics_path()
         out = []
         if os.path.exists(path):
             with open(path) as fh:

@@ -10,6 +10,7 @@ import hashlib
 import io
 import logging
 import os
+import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pathspec
 
 from trainyard.job import storage
 from trainyard.job.uris import join
+from trainyard.sdk.live import Transfer, size_text
 
 log = logging.getLogger("trainyard")
 
@@ -125,12 +127,16 @@ def package(source_dir: str | None, entry_file: str | None = None, dependencies:
 
 def upload(pkg: Package, code_location: str, s3=None) -> str:
     """Put the package under `code_location` unless the same content is already there; returns its URI.
-    `s3`: the S3 client to use (EC2 jobs: the user's session's; default: `storage.s3_client()`)."""
+    `s3`: the S3 client to use (EC2 jobs: the user's session's; default: `storage.s3_client()`). Says on
+    stderr what it shipped (a bar while it uploads, on a terminal)."""
     uri = join(code_location, pkg.key)
+    what = f"code: {len(pkg.files)} file(s), {size_text(len(pkg.data))} packaged"
     if storage.exists(uri, s3=s3):
+        print(f"[trainyard] {what}; {uri} has the same content already, not uploaded", file=sys.stderr)
         return uri
     with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
         tmp.write(pkg.data)
         tmp.flush()
-        storage.put_file(tmp.name, uri, s3=s3)
+        with Transfer(f"{what}, uploaded to {uri}", len(pkg.data)) as t:
+            storage.put_file(tmp.name, uri, s3=s3, progress=t.advance)
     return uri

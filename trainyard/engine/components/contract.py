@@ -6,6 +6,9 @@ import json
 import os
 
 DEFAULT_INPUT_CONFIG_DIR = "/opt/ml/input/config"
+# set by the host's driver: a file the engine creates once its first step is done, so that a host whose
+# ranks print no step line (the built-in trainer's other hosts: only rank 0 speaks) still times its first step
+FIRST_STEP_ENV = "TRAINYARD_FIRST_STEP_FILE"
 
 
 def checkpoint_uri_from_contract(env: dict | None = None) -> str:
@@ -35,3 +38,12 @@ def model_dir(env: dict | None = None) -> str:
     return env.get("SM_MODEL_DIR") or "model"
 
 
+
+
+def mark_first_step(env: dict | None = None) -> None:
+    """Create `$TRAINYARD_FIRST_STEP_FILE` when the driver asked for it (a no-op outside a job)."""
+    env = os.environ if env is None else env
+    path = env.get(FIRST_STEP_ENV)
+    if path and not os.path.exists(path):
+        with open(path, "a"):
+            pass
