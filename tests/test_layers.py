@@ -32,6 +32,8 @@ ALLOWED_LOCAL = {
         "imports torch: export stays importable without it (the CLI imports it)",
     ("trainyard.engine.components.export", "trainyard.engine.components.ckpt_io"):
         "imports torch: export stays importable without it (the CLI imports it)",
+    ("trainyard.engine.components.heartbeat", "trainyard.engine.distributed.work"):
+        "imports torch: the driver reads the heartbeat's names without it",
 }
 # the SDK's import path must not load these
 HEAVY = ("torch", "boto3", "botocore", "moto", "transformers", "s3fs")

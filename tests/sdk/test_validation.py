@@ -359,3 +359,11 @@ def test_a_3d_layout_is_accepted():
 
     dims = dims_from_distribution(typed, world_size=8, processes_per_host=4)
     assert (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp) == (2, 1, 2, 2)
+
+
+@pytest.mark.parametrize("bad", [0, -5, "60", True, math.nan])
+def test_hang_timeout(src, bad):
+    msg = _refused("hang_timeout_s", _est, src, hang_timeout_s=bad)
+    assert "number of seconds > 0 (or None to turn hang detection off)" in msg
+    assert _est(src, hang_timeout_s=None).hang_timeout_s is None
+    assert _est(src).hang_timeout_s == 300.0 and _est(src, hang_timeout_s=2.5).hang_timeout_s == 2.5

@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import shutil
 import tarfile
 import tempfile
 import time
@@ -46,7 +47,9 @@ from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
 from trainyard.container.contract import JOB_FILE, render_contract, user_args
 from trainyard.container.failure import RankFailure, root_cause, tail
+from trainyard.container.hang import heartbeat_dir
 from trainyard.engine.components.contract import FIRST_STEP_ENV
+from trainyard.engine.components.heartbeat import ENV as HEARTBEAT_ENV
 from trainyard.container.firststep import FirstStepWatch, rank_logs
 from trainyard.container.metricship import METRICS_FILE
 from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_ENV, PhaseLog
@@ -167,6 +170,9 @@ def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: P
     if os.path.exists(marker):
         os.remove(marker)
     os.environ[FIRST_STEP_ENV] = marker
+    beats = heartbeat_dir(log_dir)  # every rank's heartbeat and, on a hang, its stacks (container/hang.py)
+    shutil.rmtree(beats, ignore_errors=True)
+    os.environ[HEARTBEAT_ENV] = beats
     watch = FirstStepWatch(metrics_file, rank_logs(log_dir), regexes, lambda t: phases.end(FIRST_STEP, t),
                            marker=marker).start()
     try:

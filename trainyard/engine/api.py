@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainyard.engine.components import checkpoint as ckpt
+from trainyard.engine.components import heartbeat
 from trainyard.engine.components.contract import checkpoint_uri_from_contract
 from trainyard.engine.components.data import rank_rows
 from trainyard.engine.distributed.dims import ParallelDims
@@ -229,7 +230,14 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
     """Clip the gradients of the whole model to `max_norm` (2-norm over every shard and stage); returns the
     norm before clipping."""
     par = _layout(model)
+    heartbeat.set_phase("optimizer")
     return clip_grad_norm(model, par.dims, max_norm)
+
+
+def mark_step(step: int) -> None:
+    """Say which step this rank is in, for the job's hang detection (a failure then names it): call it at the
+    top of each step of your loop. The built-in trainer does."""
+    heartbeat.set_step(step)
 
 
 def _uri(uri: str | None, what: str) -> str:
@@ -251,6 +259,7 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
     _layout(model)
     uri = _uri(uri, "save_checkpoint")
     ctx = current()
+    heartbeat.set_phase("checkpoint")
     if blocking:
         t0 = time.perf_counter()
         saver = ctx._savers.get(uri)
@@ -272,6 +281,7 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
     place with the values saved under its keys."""
     _layout(model)
     uri = _uri(uri, "load_checkpoint")
+    heartbeat.set_phase("checkpoint")
     wait_for_checkpoints()
     ctx = current()
     step = ckpt.resume(uri, model, optimizer, scheduler, extra=extra,

@@ -20,7 +20,7 @@ from torch import nn
 
 from trainyard.engine import api
 from trainyard.engine.components import checkpoint as ckpt
-from trainyard.engine.components import flops
+from trainyard.engine.components import flops, heartbeat
 from trainyard.engine.components.contract import (checkpoint_uri_from_contract, mark_first_step, model_dir,
                                                  output_data_dir)
 from trainyard.engine.components.data import build_source, channel_dir
@@ -139,12 +139,15 @@ class Trainer:
         """One optimizer step; returns its metrics (loss, lr, grad_norm, the wait for its data and this rank's
         model-state bytes)."""
         t0 = time.perf_counter()
+        api.mark_step(step)
+        heartbeat.set_phase("data")
         rows = self.ctx.rows(self.source.global_batch(step)).to(self.ctx.device, non_blocking=True)
         data_wait = time.perf_counter() - t0
         loss = api.forward_backward(self.model, rows[:, :-1], rows[:, 1:], token_loss, microbatches=self.accum)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
         norm = api.clip_grad_norm_(self.model, max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
+        heartbeat.set_phase("optimizer")
         self.optimizer.step()
         self.scheduler.step()
         memory = model_state_bytes(self.model, self.optimizer)  # with the gradients still held: the peak

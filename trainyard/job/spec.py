@@ -29,6 +29,8 @@ MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # the entry point of the built-in trainer (python -m trainyard.engine.train)
 BUILTIN_TRAINER = "trainyard.engine.train"
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
+# no rank's heartbeat changed for this long: the job hangs (container/hang.py); NCCL's own watchdog waits 600 s
+DEFAULT_HANG_TIMEOUT_S = 300.0
 
 
 class Channel(BaseModel):
@@ -126,6 +128,8 @@ class JobSpec(BaseModel):
     """Spot: seconds to wait for capacity and training together (>= max_run)."""
     max_retry_attempts: int = 0
     """Spot: how many times an interrupted job comes back on new capacity."""
+    hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
+    """Seconds without progress on any rank (engine heartbeats) before the job is failed as hung; None: never."""
     capacity_reservation_id: str | None = None
     """EC2: the On-Demand Capacity Reservation or Capacity Block (`cr-...`) the instances launch into."""
     # SageMaker arguments with an effect (see docs/sdk.md for each backend)
@@ -308,6 +312,13 @@ class JobSpec(BaseModel):
     def _volume(cls, v: object) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 16384:
             raise ValueError(f"must be a whole number of GB between 1 and 16384, got {v!r}")
+        return v
+
+    @field_validator("hang_timeout_s", mode="before")
+    @classmethod
+    def _hang_timeout(cls, v: object) -> object:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ValueError(f"must be a number of seconds > 0 (or None to turn hang detection off), got {v!r}")
         return v
 
     @field_validator("max_retry_attempts")

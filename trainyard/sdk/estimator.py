@@ -30,7 +30,8 @@ from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
-from trainyard.job.spec import BUILTIN_TRAINER, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME, JobSpec, build_spec
+from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME,
+                                JobSpec, build_spec)
 from trainyard.job.uris import check_storage_uri, join
 from trainyard.sdk import packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
@@ -110,6 +111,7 @@ class Estimator:
         max_retry_attempts: int | None = None,
         boto_session=None,
         *,
+        hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S,
         sagemaker_session=None,
         volume_size: int = 30,
         network: dict | None = None,
@@ -178,6 +180,7 @@ class Estimator:
             instance_count=instance_count, processes_per_host=processes, distribution=distribution,
             environment=environment, checkpoint_s3_uri=checkpoint_s3_uri, output_path=output_path, max_run=max_run,
             role=role, max_retry_attempts=0 if max_retry_attempts is None else max_retry_attempts,
+            hang_timeout_s=hang_timeout_s,
             input_mode=input_mode, tags=tags, metric_definitions=metric_definitions,
             enable_sagemaker_metrics=sagemaker_only.get("enable_sagemaker_metrics"),
             container_log_level=container_log_level, inert=tuple(inert),

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import RankFailure, root_cause
+from trainyard.container.hang import HangWatch, diagnose, process_state
 from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
@@ -37,6 +38,7 @@ from trainyard.sdk.netem import in_host
 from trainyard.sdk.store import healthy
 
 POLL_S = 0.1
+STACKS_WAIT_S = 2.0  # after SIGUSR2, how long the ranks get to write their stacks
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
 # ... and how long they get while every failure reported is an echo (a peer's collective error): the
 # host whose rank caused it may still be ending its other ranks and writing its report
@@ -117,6 +119,10 @@ class Supervisor:
         self.driver_env: dict[str, str] = {}
         self.phases = {host: PhaseLog() for host in self.spec.hosts}  # what this process times per host
         self._reasons: dict[str, str] = {}  # host -> the reason its driver wrote, once it failed
+        timeout = self.spec.hang_timeout_s
+        self.hang_watch = HangWatch(f"{jobdir}/torchrun/*/heartbeat/rank-*.json", timeout) if timeout else None
+        self.next_hang_check = 0.0
+        self.hang_reason = ""
         self.phase_files: dict[str, tuple] = {}  # host -> (its driver's phases file's stamp, its entries)
 
     def _on_signal(self, signum, _frame) -> None:
@@ -304,6 +310,9 @@ class Supervisor:
                     time.sleep(POLL_S)
                 self.terminate()
                 return "Failed"
+            if self.hung():
+                self.terminate()
+                return "Failed"
             if time.monotonic() > deadline:
                 self.stop_reason = "MaxRuntimeExceeded"
             if self.stop_requested():
@@ -332,8 +341,43 @@ class Supervisor:
             self._reasons[host] = reason
         return failures
 
+    def hung(self) -> bool:
+        """True once the ranks' heartbeats say the job hangs (container/hang.py): then every rank's Python
+        stacks are written (SIGUSR2), the diagnosis goes to `hang.json` and the log, and the hung ranks are
+        killed so that their launchers end at once."""
+        if self.hang_watch is None or time.monotonic() < self.next_hang_check:
+            return False
+        self.next_hang_check = time.monotonic() + 1.0
+        beats = self.hang_watch.check(time.time())
+        if beats is None:
+            return False
+        states = {b.pid: process_state(b.pid) for b in beats}
+        for b in beats:
+            _signal(b.pid, signal.SIGUSR2)
+        time.sleep(STACKS_WAIT_S)
+        stacks = {}
+        for b in beats:
+            path = f"{self.jobdir}/torchrun/{b.host}/heartbeat/stack-rank-{b.rank}.txt"
+            try:
+                stacks[b.rank] = open(path, errors="replace").read()
+            except OSError:
+                stacks[b.rank] = ""
+        self.hang_reason, culprits = diagnose(beats, time.time(), states, stacks)
+        write_json(f"{self.jobdir}/hang.json", {"reason": self.hang_reason, "culprits": culprits,
+                                                "beats": [b.to_dict() for b in beats], "states": states,
+                                                "stacks": stacks})
+        _log(self.hang_reason)
+        for b in sorted(beats, key=lambda b: b.rank):
+            text = stacks[b.rank].strip() or f"(no stack: the process is in state {states.get(b.pid) or '?'})"
+            _log(f"rank {b.rank} ({b.host}) stacks:\n{text}")
+        for b in beats:
+            _signal(b.pid, signal.SIGKILL)
+        return True
+
     def failure_reason(self) -> str:
-        """The root cause among the hosts that failed on their own."""
+        """The root cause among the hosts that failed on their own (a hang's diagnosis when it hung)."""
+        if self.hang_reason:
+            return self.hang_reason
         failures = self.failures()
         if not failures:
             return "the job failed without a report from any host"
@@ -379,6 +423,13 @@ class Supervisor:
         artifacts = os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json")
         record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
         return 0
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # gone already
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,10 @@ It also makes every write to stdout and stderr a whole line. The driver sets PYT
 `print` writes its text and its newline in two system calls; torchrun's log tailer then reads half a line
 and another rank's (or thread's) line lands in the middle of it. Line buffering keeps output as prompt (a
 write reaches the file at each newline) and hands the file one line per write.
+
+In a job with hang detection (`$TRAINYARD_HEARTBEAT_DIR`, set by the driver), SIGUSR2 makes the rank write
+the Python stacks of all its threads to `<dir>/stack-rank-<R>.txt` (faulthandler, from a signal handler
+in C: it works while the main thread is blocked in a collective); the hang detector sends it.
 """
 import atexit
 import sys
@@ -44,5 +48,23 @@ def _chain():
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+def _stacks_on_sigusr2():
+    import faulthandler
+    import os
+    import signal
+
+    folder = os.environ.get("TRAINYARD_HEARTBEAT_DIR")
+    if not folder or "RANK" not in os.environ:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        # kept open for the process's life: faulthandler writes to its descriptor
+        out = open(os.path.join(folder, f"stack-rank-{os.environ['RANK']}.txt"), "w")
+        faulthandler.register(signal.SIGUSR2, file=out, all_threads=True)
+    except OSError:
+        pass
+
+
 atexit.register(_end_process_group)
+_stacks_on_sigusr2()
 _chain()

@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.pipelining import schedules as pp_schedules
 
+from trainyard.engine.distributed.work import DelegatingWork
+
 # name in torch.distributed -> (kind, the argument holding the full tensor, ring factor)
 _METERED = {
     "all_gather_into_tensor": ("all_gather", "output_tensor", 1),
@@ -198,37 +200,19 @@ class CommMeter:
         return metered
 
 
-class _TimedWork(dist.Work):
+class _TimedWork(DelegatingWork):
     """An async collective's handle that adds the time its waiter blocks to the meter."""
 
     def __init__(self, work: dist.Work, add) -> None:
-        super().__init__()
-        self._work, self._add = work, add
+        super().__init__(work)
+        self._add = add
 
     def wait(self, timeout=None) -> bool:
         t0 = time.perf_counter()
         try:
-            return self._work.wait() if timeout is None else self._work.wait(timeout)
+            return super().wait(timeout)
         finally:
             self._add(time.perf_counter() - t0)
-
-    def is_completed(self) -> bool:
-        return self._work.is_completed()
-
-    def is_success(self) -> bool:
-        return self._work.is_success()
-
-    def exception(self):
-        return self._work.exception()
-
-    def source_rank(self) -> int:
-        return self._work.source_rank()
-
-    def get_future(self):
-        return self._work.get_future()
-
-    def synchronize(self) -> None:
-        self._work.synchronize()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

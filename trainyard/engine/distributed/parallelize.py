@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from trainyard.engine.components import heartbeat
 from trainyard.engine.distributed.ac import apply_ac
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
@@ -204,6 +205,7 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
     total = torch.zeros((), device=inputs.device)
     with par.spec.loss_context(par.dims.tp):
         if par.dims.pp > 1:
+            heartbeat.set_phase("pipeline")
             losses: list[torch.Tensor] = []
             args = (inputs,) if par.holds_first else ()
             par.schedule(microbatches, loss_fn).step(*args, target=targets if par.holds_last else None,
@@ -216,7 +218,9 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
             sync_for(par, i, microbatches)
             # Each micro-batch's mean / count: summed over micro-batches and averaged over the data-parallel
             # ranks by the reduction, the gradient is that of the global-batch mean loss.
+            heartbeat.set_phase("forward")
             loss = loss_fn(model(x), y) / microbatches
+            heartbeat.set_phase("backward")
             loss.backward()
             total += plain(loss).detach()
         for sync in par.syncs:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainyard.engine.components import heartbeat
+
 
 @dataclass(kw_only=True, slots=True)
 class Dist:
@@ -71,6 +73,7 @@ def init_distributed(env: dict | None = None) -> Dist:
         else:
             raise ValueError(f"WORLD_SIZE={world} but RANK/MASTER_ADDR are not set: launch with torchrun")
     pph = _env_int(env, "LOCAL_WORLD_SIZE", world)
+    heartbeat.start(env)  # in a job: what this rank is doing, for the hang detection
     return Dist(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
                 processes_per_host=pph)
 
