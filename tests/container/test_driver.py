@@ -70,3 +70,38 @@ def test_failure_file_never_overwrites_the_users(tmp_path):
     write_failure(str(tmp_path), "ours again")
     assert (tmp_path / "output" / "failure").read_text() == "the user's own reason"
     json.dumps(_f().to_dict())  # the failure travels as JSON between driver and supervisor
+
+
+def test_retry_class_of_a_failure_reason():
+    from trainyard.container.failure import retry_class
+
+    assert retry_class("Hang: rank 3 (algo-2) stopped (SIGSTOP) in backward at step 41") == "hang"
+    assert retry_class(_f(exitcode=-9, signal="SIGKILL", last_lines="").reason()) == "killed process"
+    assert retry_class("algo-2: the driver exited with status -9 and no report") == "lost host"
+    echo = _f(last_lines="RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.18.0.2]:1")
+    assert retry_class(echo.reason()) == "collective error"
+    # the user's own errors are never retried: an exception, an import error, bad hyperparameters
+    for text in ("ValueError: boom on rank 3", "ModuleNotFoundError: No module named 'nope'",
+                 "error: argument --lr: invalid float value: 'x'"):
+        assert retry_class(_f(last_lines=f"Traceback (most recent call last):\n{text}").reason()) is None
+
+
+def test_a_silent_rank_is_dated_by_torchrun_not_by_its_first_words(tmp_path):
+    """Rank 3 was killed first (torchrun saw it at 1000); rank 2 ended 30 s later, killed by torchrun.
+    Neither spoke near its end: their stderr files are from their start, rank 2's the older."""
+    from types import SimpleNamespace
+
+    from trainyard.container.driver import _rank_failure
+
+    def failure(rank, local_rank, timestamp, words_at):
+        err = tmp_path / "run" / "attempt_0" / str(local_rank) / "stderr.log"
+        err.parent.mkdir(parents=True, exist_ok=True)
+        err.write_text("some warning at start\n")
+        os.utime(err, (words_at, words_at))
+        f = SimpleNamespace(local_rank=local_rank, exitcode=-9, timestamp=timestamp, message="",
+                            signal_name=lambda: "SIGKILL")
+        return _rank_failure("algo-2", rank, f, str(tmp_path))
+
+    first, later = failure(3, 1, 1000, words_at=950.0), failure(2, 0, 1030, words_at=900.0)
+    assert (first.time, later.time) == (1000.0, 1030.0) and root_cause([later, first]) is first
+    assert abs(failure(3, 1, 1000, words_at=1000.4).time - 1000.4) < 1e-3  # last words at its end: the finer clock

@@ -188,8 +188,12 @@ def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
     # torchrun's layout: <log_dir>/<run id>/attempt_<n>/<local rank>/stderr.log
     logs = sorted(glob.glob(f"{log_dir}/*/attempt_*/{f.local_rank}/stderr.log"), key=os.path.getmtime)
     stderr = logs[-1] if logs else ""
-    if stderr:  # the time of its last words is a better clock than torchrun's whole seconds
-        when = os.path.getmtime(stderr)
+    if stderr:
+        # the time of its last words is a finer clock than torchrun's whole seconds, unless the rank said
+        # nothing near its end (a silent rank's last words are from its start)
+        words = os.path.getmtime(stderr)
+        if words >= when - 1.0:
+            when = words
         with open(stderr, errors="replace") as fh:
             text = tail(fh.read())
     if not text and f.message and "To enable traceback" not in str(f.message):

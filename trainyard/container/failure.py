@@ -56,5 +56,30 @@ def root_cause(failures: list[RankFailure]) -> RankFailure:
     return min(failures, key=lambda f: (f.is_echo, f.signal == "SIGTERM", f.time, f.rank))
 
 
+# what `retry_class` names; anything else (an exception in the user's code, an import error, bad
+# hyperparameters) is the user's to fix and is never retried
+RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error")
+
+
+def retry_class(reason: str) -> str | None:
+    """The class of a job's FailureReason that a retry may cure (`max_retry_attempts`), or None.
+
+    - hang: the hang detector's diagnosis (container/hang.py);
+    - killed process: a rank ended by a signal of its own (SIGKILL from the OOM killer, SIGSEGV, SIGBUS ...);
+    - lost host: a host's driver vanished without a report (its machine or container went away);
+    - collective error: the root cause is itself a gloo/NCCL error (a link cut, a peer gone mid-collective).
+    """
+    head = reason.split("\n", 1)[0]
+    if head.startswith("Hang:"):
+        return "hang"
+    if " was killed by SIG" in head:
+        return "killed process"
+    if "the driver exited with status" in head and head.endswith("and no report"):
+        return "lost host"
+    if _ECHO.search(reason):
+        return "collective error"
+    return None
+
+
 def tail(text: str, lines: int = LAST_LINES) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])

@@ -75,7 +75,9 @@ class TrainingJob:
     def describe(self) -> dict:
         """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes. Besides SageMaker's
         keys: `HostPhases`, each host's cold start split into timed phases (trainyard/container/phases.py),
-        `HardwareFingerprint` (the first metrics row's `fingerprint`, when the job wrote one), and, from the backend (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
+        `HardwareFingerprint` (the first metrics row's `fingerprint`, when the job wrote one), `Attempts` (each
+        attempt, its outcome and, for a failed one, its reason and `RetryClass`), and, from the backend
+        (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
         s, spec = self._status(), self.spec
         out = {
             "TrainingJobName": self.name,
@@ -109,6 +111,8 @@ class TrainingJob:
         for k in ("FailureReason", "ModelArtifacts"):
             if k in s:
                 out[k] = s[k]
+        if s.get("Attempts"):  # Trainyard's: each attempt of a job that max_retry_attempts restarted
+            out["Attempts"] = [_times(a) for a in s["Attempts"]]
         out.update(_times({k: s[k] for k in ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime") if k in s}))
         out.update(self._usage(s, _until(s)))
         return out

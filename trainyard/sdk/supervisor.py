@@ -26,11 +26,12 @@ from urllib.parse import urlparse
 
 from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
-from trainyard.container.failure import RankFailure, root_cause
+from trainyard.container.failure import FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
 from trainyard.container.hang import HangWatch, diagnose, process_state
 from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
+from trainyard.sdk.local import free_port
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import netem
@@ -383,6 +384,51 @@ class Supervisor:
             return "the job failed without a report from any host"
         return self._reasons[root_cause(failures).host]
 
+    def train(self, private: bool) -> tuple[str, str]:
+        """Run the drivers; a failure that a retry may cure (container/failure.py `retry_class`) starts the
+        whole job again, up to `max_retry_attempts` times: the built-in trainer (and a script that calls
+        `load_checkpoint`) resumes from the last committed checkpoint. Each attempt is recorded in the status
+        document's `Attempts`. Returns (outcome, FailureReason)."""
+        spec, st = self.spec, self.status
+        attempt = 1
+        while True:
+            started = now_iso()
+            self.start_drivers(private)
+            outcome = self.monitor()
+            reason = self.failure_reason() if outcome == "Failed" else ""
+            cls = retry_class(reason) if outcome == "Failed" else None
+            entry = {"Attempt": attempt, "StartTime": started, "EndTime": now_iso(), "Outcome": outcome}
+            if reason:
+                entry.update(FailureReason=reason[:FAILURE_REASON_LIMIT], RetryClass=cls)
+            st.update(Attempts=[*st.doc.get("Attempts", []), entry])
+            if outcome != "Failed" or cls is None or attempt > spec.max_retry_attempts or self.stop_requested():
+                if outcome == "Failed" and cls is None and spec.max_retry_attempts:
+                    _log(f"attempt {attempt} failed with an error a retry does not cure: not retried")
+                return outcome, reason
+            attempt += 1
+            why = f"attempt {attempt - 1} failed ({cls}): {reason.splitlines()[0][:200]}"
+            _log(f"{why}; restarting the whole job from its last committed checkpoint, attempt {attempt} of "
+                 f"{spec.max_retry_attempts + 1}")
+            st.transition("Restarting", f"{why}; attempt {attempt} of {spec.max_retry_attempts + 1}")
+            self.next_attempt(private)
+            st.transition("Training", f"attempt {attempt}: training on {spec.instance_count} host(s) x "
+                                      f"{spec.processes_per_host} process(es)")
+
+    def next_attempt(self, private: bool) -> None:
+        """Forget the ended attempt: every process of it gone, its hosts' reports removed, a new rendezvous
+        port in the contract."""
+        self.kill_everything()
+        self.drivers, self.exits, self._reasons, self.hang_reason = {}, {}, {}, ""
+        if self.hang_watch is not None:
+            self.hang_watch = HangWatch(self.hang_watch.pattern, self.hang_watch.timeout_s)
+        for host in self.spec.hosts:
+            try:
+                os.remove(f"{self.jobdir}/hosts/{host}.status.json")
+            except FileNotFoundError:
+                pass
+        self.runtime["master_port"] = free_port()
+        self.prepare_hosts(private)
+
     def run(self) -> int:
         set_subreaper()
         write_json(f"{self.jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
@@ -403,10 +449,7 @@ class Supervisor:
             else:
                 st.transition("Training", f"Training on {spec.instance_count} host(s) x {spec.processes_per_host} "
                                           f"process(es); /opt/ml is {'private per host' if private else 'the host folder'}")
-                self.start_drivers(private)
-                outcome = self.monitor()
-                if outcome == "Failed":
-                    reason = self.failure_reason()
+                outcome, reason = self.train(private)
         except Exception as e:
             outcome, reason = "Failed", f"{type(e).__name__}: {e}"
         finally:

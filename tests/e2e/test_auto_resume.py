@@ -1,0 +1,80 @@
+"""Auto-resume of local jobs (max_retry_attempts): a rank killed mid-training restarts the whole job from its
+last committed checkpoint and ends with the weights of an uninterrupted run; a user error is not retried
+(slow: real multi-process jobs)."""
+import io
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from trainyard import Estimator
+from trainyard.job.errors import JobFailedError
+
+from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 5, "lr": 0.01,
+       "warmup_steps": 2, "decay_steps": 40, "steps": 40, "checkpoint_every": 5, "log_every": 10}
+
+
+def _est(ckpt, **kw):
+    return Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
+                     processes_per_host=2, max_run=400, checkpoint_s3_uri=ckpt, hyperparameters=HPS, **kw)
+
+
+def _weights(est) -> dict:
+    return torch.load(io.BytesIO(read_tar(est.model_data)["model.pt"]), weights_only=True)
+
+
+def _step_of(job, host, rank):
+    try:
+        with open(f"{job.dir}/torchrun/{host}/heartbeat/rank-{rank}.json") as fh:
+            beat = json.load(fh)
+        return beat.get("step") or 0, beat["pid"]
+    except (OSError, ValueError, KeyError):
+        return 0, None
+
+
+def test_a_killed_rank_restarts_the_job_and_the_weights_match_an_uninterrupted_run():
+    clean = _est("s3://e2e-resume/clean")
+    clean.fit(logs=False)
+    faulty = _est("s3://e2e-resume/faulty", max_retry_attempts=1)
+    job = faulty.fit(wait=False)
+    deadline = time.monotonic() + 180
+    step, pid = 0, None
+    while time.monotonic() < deadline and step < 12:
+        step, pid = _step_of(job, "algo-2", 3)
+        time.sleep(0.1)
+    assert step >= 12 and pid, job.log_text()[-3000:]
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer would
+    d = job.wait(logs="None")
+    assert d["TrainingJobStatus"] == "Completed"
+    first, second = d["Attempts"]
+    assert first["Outcome"] == "Failed" and first["RetryClass"] == "killed process", first
+    assert "algo-2 rank 3 (local rank 1) was killed by SIGKILL" in first["FailureReason"]
+    assert second["Outcome"] == "Completed" and second["StartTime"] >= first["EndTime"]
+    statuses = [t["Status"] for t in d["SecondaryStatusTransitions"]]
+    assert statuses[statuses.index("Restarting") + 1] == "Training" and statuses[-1] == "Completed"
+    text = job.log_text()
+    assert "restarting the whole job from its last committed checkpoint, attempt 2 of 2" in text
+    assert "resumed from step" in text
+    a, b = _weights(clean), _weights(faulty)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical, fp32 on CPU
+    assert_no_processes_left(job)
+
+
+def test_a_user_error_is_not_retried():
+    est = Estimator(entry_point="sm_train.py", source_dir=SCRIPTS, instance_type="local", instance_count=2,
+                    processes_per_host=2, max_run=240, max_retry_attempts=2,
+                    hyperparameters={"mode": "raise", "fail_rank": 3})
+    store_client().put_object(Bucket="e2e-resume", Key="train/a.txt", Body=b"a")
+    with pytest.raises(JobFailedError, match="ValueError: boom on rank 3"):
+        est.fit({"train": "s3://e2e-resume/train"}, logs=False)
+    d = est.latest_training_job.describe()
+    assert [(a["Attempt"], a["Outcome"], a["RetryClass"]) for a in d["Attempts"]] == [(1, "Failed", None)]
+    assert "Restarting" not in [t["Status"] for t in d["SecondaryStatusTransitions"]]
+    assert "not retried" in est.latest_training_job.log_text()
