@@ -123,9 +123,9 @@ def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
         "Starting", "LaunchingMLInstances", "DownloadingTrainingImage", "PreparingTrainingStack", "Downloading",
         "Training", "Uploading", "Completed"]
     # no channels and no code to fetch (an installed module); the built-in trainer's first step shows in
-    # algo-1's metrics.jsonl, and its rank 1 on algo-2 prints nothing
+    # algo-1's metrics.jsonl, and on algo-2 (whose rank prints nothing) by the engine's marker file
     assert_phases_in_order(d, {"algo-1": ["capacity", "image", "peers", "first_step", "upload"],
-                               "algo-2": ["capacity", "image", "peers"]})
+                               "algo-2": ["capacity", "image", "peers", "first_step"]})
     cost = d["EstimatedCost"]  # 2 instances from their LaunchTime to the teardown, at the catalog's price
     assert cost["PricePerHour"] == catalog.price_table()["on_demand"]["us-east-1"]["p4d.24xlarge"]
     assert cost["Amount"] == cost["InstanceHours"] * cost["PricePerHour"] and cost["Market"] == "on-demand"
@@ -185,3 +185,43 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
     cost = d["EstimatedCost"]
     assert cost["Market"] == "spot" and cost["Amount"] == cost["InstanceHours"] * cost["PricePerHour"]
     assert len(job._status()["InstanceTimes"]) == 4
+
+
+def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
+    """On-demand, max_retry_attempts=1: the training process of algo-2 is killed (as by the OOM killer); the
+    controller launches attempt 2 on new instances, which resumes from the last committed step."""
+    from trainyard.engine.components.checkpoint import list_steps
+    from trainyard.sdk.supervisor import descendants
+
+    ckpt = "s3://ty-out/ckpt/retry"
+    est = _estimator(account, hyperparameters={**HPS, "steps": 400, "decay_steps": 400, "checkpoint_every": 2},
+                     checkpoint_s3_uri=ckpt, max_retry_attempts=1)
+    job = est.fit(wait=False, job_name="retry")
+    instances = Instances("retry", str(tmp_path))
+    try:
+        instances.start(attempt=1)
+        deadline = time.monotonic() + 240
+        while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert any(list_steps(ckpt).values()), job.log_text()[-3000:]
+        ranks = [p for p in descendants(instances.agents[1].pid)
+                 if b"trainyard.engine.train" in open(f"/proc/{p}/cmdline", "rb").read()
+                 and b"torch.distributed.run" not in open(f"/proc/{p}/cmdline", "rb").read()]
+        assert len(ranks) == 1, ranks
+        os.kill(ranks[0], signal.SIGKILL)
+        instances.start(attempt=2, timeout=180)
+        deadline = time.monotonic() + 240
+        while "resumed from step" not in job.log_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        logs = job.log_text()
+        job.stop()
+    finally:
+        instances.stop()
+    assert "resumed from step" in logs, logs[-3000:]
+    d = job.describe()
+    first = d["Attempts"][0]
+    assert first["Attempt"] == 1 and first["Outcome"] == "Failed", first
+    assert first["RetryClass"] in ("killed process", "collective error"), first
+    seen = assert_transitions_cover_the_job(d)
+    assert seen.count("Restarting") == 1 and seen[seen.index("Restarting") + 1] == "LaunchingMLInstances"
+    assert d["TrainingJobStatus"] == "Stopped" and leftovers("retry") == {}

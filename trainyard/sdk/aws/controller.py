@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 
+from trainyard.container.failure import retry_class
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
@@ -174,7 +175,16 @@ class Controller:
                     reason = failed[0].get("failure_reason") or f"{failed[0]['host']} failed"
                     if reason.startswith("MaxRuntimeExceeded"):  # the node's own guard fired first
                         outcome = "MaxRuntimeExceeded"
-                    break
+                        break
+                    cls = retry_class(reason)  # a failure a retry may cure starts the job again, whole
+                    self.record_attempt(attempt, "Failed", reason, cls)
+                    if cls is None or not self.retry(attempt, f"{failed[0]['host']} failed ({cls})", started,
+                                                     status="Restarting"):
+                        if cls is None and spec.max_retry_attempts:
+                            _log(f"attempt {attempt} failed with an error a retry does not cure: not retried")
+                        break
+                    attempt += 1
+                    continue
                 least = min(phases, key=PHASES.index) if all(p in PHASES for p in phases) else "Starting"
                 self.follow(docs)
                 if least == "Completed":
@@ -189,8 +199,9 @@ class Controller:
                 if interrupted or vanished:
                     what = f"hosts {interrupted} interrupted" if interrupted else f"instances {vanished} ended"
                     when = progress.interrupted_at([docs[h] for h in interrupted])
+                    self.record_attempt(attempt, "Interrupted", what, "lost host")
                     if not self.retry(attempt, what, started, when):
-                        reason = f"{what} and no retry is left (use_spot_instances with max_retry_attempts)"
+                        reason = f"{what} and no retry is left (max_retry_attempts)"
                         break
                     attempt += 1
                     continue
@@ -217,14 +228,23 @@ class Controller:
             return True
         return False
 
-    def retry(self, attempt: int, what: str, started: float, when: str | None = None) -> bool:
-        """Launch the next attempt on new capacity when the job may retry. Returns False when it may not.
-        `when`: the time of the interruption, when a node reported it."""
+    def record_attempt(self, attempt: int, outcome: str, reason: str, cls: str | None) -> None:
+        """An ended attempt in the status document's `Attempts` (describe() shows them)."""
+        entry = {"Attempt": attempt, "EndTime": now_iso(), "Outcome": outcome, "FailureReason": reason[:1024],
+                 "RetryClass": cls}
+        self.status.update(Attempts=[*self.status.doc.get("Attempts", []), entry])
+
+    def retry(self, attempt: int, what: str, started: float, when: str | None = None,
+              status: str = "Interrupted") -> bool:
+        """Launch the next attempt on new capacity (new instances: a vanished one is replaced) when the job
+        may retry (`max_retry_attempts`). Returns False when it may not. `when`: the time of the
+        interruption, when a node reported it; `status`: Interrupted (spot, lost instances) or Restarting
+        (a failure a retry may cure)."""
         spec = self.spec
-        if not spec.use_spot_instances or attempt > spec.max_retry_attempts:
+        if attempt > spec.max_retry_attempts:
             return False
-        self.status.transition("Interrupted", f"{what}; launching attempt {attempt + 1} of "
-                                              f"{spec.max_retry_attempts + 1} on new capacity", at=when)
+        self.status.transition(status, f"{what}; launching attempt {attempt + 1} of "
+                                        f"{spec.max_retry_attempts + 1} on new capacity", at=when)
         ids = list(self.instance_states(attempt))
         billing.ended(self.status, ids)
         self.cluster.terminate(ids, wait=False)
