@@ -367,3 +367,14 @@ def test_hang_timeout(src, bad):
     assert "number of seconds > 0 (or None to turn hang detection off)" in msg
     assert _est(src, hang_timeout_s=None).hang_timeout_s is None
     assert _est(src).hang_timeout_s == 300.0 and _est(src, hang_timeout_s=2.5).hang_timeout_s == 2.5
+
+
+def test_elastic(src):
+    assert _est(src, instance_count=2, max_retry_attempts=1,
+                elastic={"min_instance_count": 1}).elastic.min_instance_count == 1
+    assert "at most 2" in _refused("elastic", _est, src, instance_count=2, max_retry_attempts=1,
+                                   elastic={"min_instance_count": 3})
+    assert "set max_retry_attempts >= 1" in _refused("elastic", _est, src, instance_count=2,
+                                                     elastic={"min_instance_count": 1})
+    assert "integer >= 1" in _refused("elastic.min_instance_count", _est, src, instance_count=2, max_retry_attempts=1,
+                                      elastic={"min_instance_count": 0})

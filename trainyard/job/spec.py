@@ -71,6 +71,20 @@ class Network(BaseModel):
     """A NAT gateway for the job (pip, model hubs, any public address); it costs per hour and per GB."""
 
 
+class Elastic(BaseModel):
+    """Go on with fewer hosts when one is lost for good (`max_retry_attempts` restarts it; see docs/sdk.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_instance_count: int
+
+    @field_validator("min_instance_count", mode="before")
+    @classmethod
+    def _min(cls, v: object) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"must be an integer >= 1, got {v!r}")
+        return v
+
+
 class EmulatedNetwork(BaseModel):
     """Local jobs only: each host in its own network namespace behind a shaped link (see trainyard/sdk/netem.py)."""
 
@@ -128,6 +142,8 @@ class JobSpec(BaseModel):
     """Spot: seconds to wait for capacity and training together (>= max_run)."""
     max_retry_attempts: int = 0
     """Spot: how many times an interrupted job comes back on new capacity."""
+    elastic: Elastic | None = None
+    """With retries: a job that loses a host for good goes on with fewer (down to min_instance_count)."""
     hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
     """Seconds without progress on any rank (engine heartbeats) before the job is failed as hung; None: never."""
     capacity_reservation_id: str | None = None
@@ -320,6 +336,20 @@ class JobSpec(BaseModel):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
             raise ValueError(f"must be a number of seconds > 0 (or None to turn hang detection off), got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _elastic(self) -> "JobSpec":
+        e = self.elastic
+        if e is not None:
+            if not catalog.lookup(self.instance_type).is_local:
+                raise ValueError("elastic: only local jobs go on with fewer hosts so far; EC2 jobs retry on new "
+                                 "instances of the same count (drop elastic)")
+            if e.min_instance_count > self.instance_count:
+                raise ValueError(f"elastic: min_instance_count ({e.min_instance_count}) is more than instance_count "
+                                 f"({self.instance_count}); give at most {self.instance_count}")
+            if self.max_retry_attempts < 1:
+                raise ValueError("elastic: a job goes on with fewer hosts by restarting; set max_retry_attempts >= 1")
+        return self
 
     @field_validator("max_retry_attempts")
     @classmethod

@@ -33,7 +33,9 @@ from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
 from trainyard.sdk.local import free_port
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
-from trainyard.job.spec import JobSpec
+from trainyard.job.distribution import normalize
+from trainyard.job.errors import ConfigError
+from trainyard.job.spec import JobSpec, build_spec
 from trainyard.sdk import netem
 from trainyard.sdk.netem import in_host
 from trainyard.sdk.store import healthy
@@ -397,7 +399,8 @@ class Supervisor:
             outcome = self.monitor()
             reason = self.failure_reason() if outcome == "Failed" else ""
             cls = retry_class(reason) if outcome == "Failed" else None
-            entry = {"Attempt": attempt, "StartTime": started, "EndTime": now_iso(), "Outcome": outcome}
+            entry = {"Attempt": attempt, "StartTime": started, "EndTime": now_iso(), "Outcome": outcome,
+                     "InstanceCount": spec.instance_count}
             if reason:
                 entry.update(FailureReason=reason[:FAILURE_REASON_LIMIT], RetryClass=cls)
             st.update(Attempts=[*st.doc.get("Attempts", []), entry])
@@ -407,12 +410,35 @@ class Supervisor:
                 return outcome, reason
             attempt += 1
             why = f"attempt {attempt - 1} failed ({cls}): {reason.splitlines()[0][:200]}"
+            lost = self.lost_hosts() if cls == "lost host" and spec.elastic else []
+            if lost and spec.instance_count - len(lost) >= spec.elastic.min_instance_count:
+                try:
+                    spec = self.shrink(spec.instance_count - len(lost))
+                except ConfigError as e:
+                    return outcome, f"{reason}\nelastic: {e}"
+                why += f"; elastic: {', '.join(lost)} lost for good, going on with {spec.instance_count} host(s)"
             _log(f"{why}; restarting the whole job from its last committed checkpoint, attempt {attempt} of "
                  f"{spec.max_retry_attempts + 1}")
             st.transition("Restarting", f"{why}; attempt {attempt} of {spec.max_retry_attempts + 1}")
             self.next_attempt(private)
+            if lost and self.spec.channels:
+                self.stage_channels()  # each host's share of a sharded channel changes with the host count
             st.transition("Training", f"attempt {attempt}: training on {spec.instance_count} host(s) x "
                                       f"{spec.processes_per_host} process(es)")
+
+    def lost_hosts(self) -> list[str]:
+        """Hosts whose driver vanished without a report: with `elastic`, lost for good (a local host stands
+        for an instance that cannot come back)."""
+        return [h for h, code in self.exits.items() if code not in (0, 128 + signal.SIGTERM)
+                and not os.path.exists(f"{self.jobdir}/hosts/{h}.status.json")]
+
+    def shrink(self, count: int) -> JobSpec:
+        """The job on its first `count` hosts from now on: the spec (and its layout) checked again for them.
+        Raises ConfigError when the layout does not fit."""
+        spec = build_spec(**{**self.spec.model_dump(), "instance_count": count})
+        normalize(spec.distribution, world_size=spec.world_size, processes_per_host=spec.processes_per_host)
+        self.spec = spec
+        return spec
 
     def next_attempt(self, private: bool) -> None:
         """Forget the ended attempt: every process of it gone, its hosts' reports removed, a new rendezvous
