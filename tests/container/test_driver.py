@@ -80,6 +80,7 @@ def test_retry_class_of_a_failure_reason():
     assert retry_class("algo-2: the driver exited with status -9 and no report") == "lost host"
     echo = _f(last_lines="RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.18.0.2]:1")
     assert retry_class(echo.reason()) == "collective error"
+    assert retry_class(_f(last_lines="OSError: [Errno 28] No space left on device").reason()) == "disk full"
     # the user's own errors are never retried: an exception, an import error, bad hyperparameters
     for text in ("ValueError: boom on rank 3", "ModuleNotFoundError: No module named 'nope'",
                  "error: argument --lr: invalid float value: 'x'"):

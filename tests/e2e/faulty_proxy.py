@@ -3,12 +3,14 @@
 Each request is, with probability `rate`, answered with one of: 500 InternalError, 503 SlowDown, or a
 connection closed without an answer (after the request was read); otherwise it is forwarded unchanged.
 Seeded, bounded (it serves at most `max_requests` before it forwards everything), on 127.0.0.1 only.
+`down(seconds)` makes it an outage for that long: every request's connection is closed unanswered.
 """
 from __future__ import annotations
 
 import http.client
 import random
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -24,6 +26,7 @@ class FaultyProxy:
         self.rate, self.random, self.max_requests = rate, random.Random(seed), max_requests
         self.lock = threading.Lock()
         self.counts = {"forwarded": 0, "500": 0, "503": 0, "dropped": 0}
+        self.outage_until = 0.0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,7 +61,9 @@ class FaultyProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD's answer has no body but the length of the object's
+                length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length)
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -71,8 +76,15 @@ class FaultyProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def down(self, seconds: float) -> None:
+        """From now, for `seconds`, answer nothing (as a store that is down)."""
+        self.outage_until = time.monotonic() + seconds
+
     def _draw(self) -> str | None:
         with self.lock:
+            if time.monotonic() < self.outage_until:
+                self.counts["dropped"] += 1
+                return "dropped"
             total = sum(self.counts.values())
             if total >= self.max_requests or self.random.random() >= self.rate:
                 self.counts["forwarded"] += 1

@@ -58,7 +58,7 @@ def root_cause(failures: list[RankFailure]) -> RankFailure:
 
 # what `retry_class` names; anything else (an exception in the user's code, an import error, bad
 # hyperparameters) is the user's to fix and is never retried
-RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error")
+RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error", "disk full")
 
 
 def retry_class(reason: str) -> str | None:
@@ -67,7 +67,8 @@ def retry_class(reason: str) -> str | None:
     - hang: the hang detector's diagnosis (container/hang.py);
     - killed process: a rank ended by a signal of its own (SIGKILL from the OOM killer, SIGSEGV, SIGBUS ...);
     - lost host: a host's driver vanished without a report (its machine or container went away);
-    - collective error: the root cause is itself a gloo/NCCL error (a link cut, a peer gone mid-collective).
+    - collective error: the root cause is itself a gloo/NCCL error (a link cut, a peer gone mid-collective);
+    - disk full: ENOSPC (the space may have been freed: a retry that finds it full again fails the same way).
     """
     head = reason.split("\n", 1)[0]
     if head.startswith("Hang:"):
@@ -78,6 +79,8 @@ def retry_class(reason: str) -> str | None:
         return "lost host"
     if _ECHO.search(reason):
         return "collective error"
+    if "No space left on device" in reason:
+        return "disk full"
     return None
 
 

@@ -295,9 +295,10 @@ class Supervisor:
             self.reap()
         self.reap()
 
-    def monitor(self) -> str:
-        """Wait for the drivers. Returns 'Completed', 'Failed' or the stop reason."""
-        deadline = time.monotonic() + self.spec.max_run
+    def monitor(self, deadline: float | None = None) -> str:
+        """Wait for the drivers until `deadline` (time.monotonic(); default: max_run from now). Returns
+        'Completed', 'Failed' or the stop reason."""
+        deadline = time.monotonic() + self.spec.max_run if deadline is None else deadline
         next_ping = time.monotonic() + STORE_PING_S
         while True:
             self.reap()
@@ -393,10 +394,11 @@ class Supervisor:
         document's `Attempts`. Returns (outcome, FailureReason)."""
         spec, st = self.spec, self.status
         attempt = 1
+        deadline = time.monotonic() + spec.max_run  # max_run bounds the attempts together
         while True:
             started = now_iso()
             self.start_drivers(private)
-            outcome = self.monitor()
+            outcome = self.monitor(deadline)
             reason = self.failure_reason() if outcome == "Failed" else ""
             cls = retry_class(reason) if outcome == "Failed" else None
             entry = {"Attempt": attempt, "StartTime": started, "EndTime": now_iso(), "Outcome": outcome,

@@ -117,12 +117,17 @@ def start(env: dict | None = None) -> bool:
     if _started or not folder:
         return _started
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     _Waited = _waited_class()
-    for name in COLLECTIVES:
-        fn = getattr(dist, name, None)
-        if fn is not None and not getattr(fn, "__trainyard_heartbeat__", False):
-            setattr(dist, name, _tracked(name, fn))
+    for name in COLLECTIVES:  # both names: torch's own code calls some through distributed_c10d
+        fn = getattr(c10d, name, None) or getattr(dist, name, None)
+        if fn is None or getattr(fn, "__trainyard_heartbeat__", False):
+            continue
+        tracked = _tracked(name, fn)
+        for module in (dist, c10d):
+            if getattr(module, name, None) is fn:
+                setattr(module, name, tracked)
     rank = int(env.get("RANK") or 0)
     host = env.get("SM_CURRENT_HOST") or "algo-1"
     os.makedirs(folder, exist_ok=True)
