@@ -106,3 +106,15 @@ def test_a_silent_rank_is_dated_by_torchrun_not_by_its_first_words(tmp_path):
     first, later = failure(3, 1, 1000, words_at=950.0), failure(2, 0, 1030, words_at=900.0)
     assert (first.time, later.time) == (1000.0, 1030.0) and root_cause([later, first]) is first
     assert abs(failure(3, 1, 1000, words_at=1000.4).time - 1000.4) < 1e-3  # last words at its end: the finer clock
+
+
+def test_first_cause_among_the_hosts_reasons():
+    from trainyard.container.failure import first_cause
+
+    echo = "algo-1 rank 0 (local rank 0) exited with code 1:\nRuntimeError: Connection closed by peer [10.0.0.2]:1"
+    waiting = "Hang: rank 0 (algo-1) is behind (last in all_reduce #9) in backward at step 4; rank 1 waits in x #9"
+    frozen = "Hang: rank 3 (algo-2) stopped (SIGSTOP) in backward at step 4; rank 2 waits in all_gather #10"
+    cause = "algo-2 rank 3 (local rank 1) exited with code 1:\nValueError: boom"
+    assert first_cause([echo, waiting, frozen]) == frozen
+    assert first_cause([echo, waiting]) == waiting and first_cause([echo, cause, frozen]) == cause
+    assert first_cause([echo]) == echo

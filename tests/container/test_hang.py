@@ -108,3 +108,27 @@ time.sleep(60)
     finally:
         p.kill()
         p.wait()
+
+
+def test_host_watch_of_a_driver_fires_once_and_ends_the_hung_ranks(tmp_path):
+    """The driver's watch (EC2 nodes): one host's ranks, no progress for the timeout -> the diagnosis, hang.json,
+    and the ranks killed."""
+    ranks = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        now = time.time()
+        _write(tmp_path, _beat(2, host="algo-2", pid=ranks[0].pid, t=now + 60))  # keeps beating, waits
+        _write(tmp_path, _beat(3, host="algo-2", pid=ranks[1].pid, t=now - 60, waiting=False, phase="forward"))
+        said = []
+        watch = hang.HostHangWatch(str(tmp_path), timeout_s=0.3, say=said.append, poll=0.1).start()
+        deadline = time.monotonic() + 15
+        while not watch.reason and time.monotonic() < deadline:
+            time.sleep(0.1)
+        watch.stop()
+        assert watch.reason.startswith("Hang: rank 3 (algo-2) stopped responding"), watch.reason
+        assert "rank 2 waits in all_gather_into_tensor #5123" in watch.reason and said[0] == watch.reason
+        report = json.loads((tmp_path / "hang.json").read_text())
+        assert report["culprits"] == [3] and len(report["beats"]) == 2
+        assert [p.wait(timeout=10) for p in ranks] != [None, None]  # SIGUSR2 (sleep has no handler) or SIGKILL
+    finally:
+        for p in ranks:
+            p.kill()

@@ -84,5 +84,17 @@ def retry_class(reason: str) -> str | None:
     return None
 
 
+def first_cause(reasons: list[str]) -> str:
+    """The FailureReason of a job from its hosts' own (where no process saw every rank: EC2): a failure that
+    is no echo, then a hang diagnosis that names a frozen rank (the host that holds it sees it), then any
+    hang diagnosis, then the first."""
+    def rank(reason: str) -> int:
+        head = reason.split("\n", 1)[0]
+        if head.startswith("Hang:"):
+            return 1 if " stopped" in head.split(";", 1)[0] else 2
+        return 3 if _ECHO.search(reason) else 0
+    return min(reasons, key=rank)
+
+
 def tail(text: str, lines: int = LAST_LINES) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])

@@ -20,9 +20,16 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
+import threading
+import time
 from dataclasses import asdict, dataclass
 
+from trainyard.job.jsonio import write_json
+
 STALE_S = 5.0  # a heartbeat older than this: the process does not run (its writer thread writes every 1 s)
+STACKS_WAIT_S = 2.0  # after SIGUSR2, how long the ranks get to write their stacks
+HANG_WATCH_ENV = "TRAINYARD_HANG_WATCH"  # "driver": the driver watches its own host's ranks (EC2 nodes)
 
 
 def heartbeat_dir(log_dir: str) -> str:
@@ -150,3 +157,66 @@ class HangWatch:
             self.last, self.since = sig, now
             return None
         return beats if now - self.since >= self.timeout_s else None
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # gone already
+
+
+def respond(beats: list[Beat], stack_file, report: str, say) -> str:
+    """What follows a hang: every rank's stacks (SIGUSR2 -> faulthandler, `stack_file(beat)` is where its dump
+    lands), the diagnosis, `report` (JSON: diagnosis, heartbeats, process states, stacks) and `say` lines, then
+    SIGKILL for the hung ranks so that their launchers end at once. Returns the diagnosis (FailureReason)."""
+    states = {b.pid: process_state(b.pid) for b in beats}
+    for b in beats:
+        _signal(b.pid, signal.SIGUSR2)
+    time.sleep(STACKS_WAIT_S)
+    stacks = {}
+    for b in beats:
+        try:
+            with open(stack_file(b), errors="replace") as fh:
+                stacks[b.rank] = fh.read()
+        except OSError:
+            stacks[b.rank] = ""
+    reason, culprits = diagnose(beats, time.time(), states, stacks)
+    write_json(report, {"reason": reason, "culprits": culprits, "beats": [b.to_dict() for b in beats],
+                        "states": states, "stacks": stacks})
+    say(reason)
+    for b in sorted(beats, key=lambda b: b.rank):
+        text = stacks[b.rank].strip() or f"(no stack: the process is in state {states.get(b.pid) or '?'})"
+        say(f"rank {b.rank} ({b.host}) stacks:\n{text}")
+    for b in beats:
+        _signal(b.pid, signal.SIGKILL)
+    return reason
+
+
+class HostHangWatch:
+    """The hang watch of one host, in its driver, on a thread: where no process sees every host (EC2), each
+    driver watches its own ranks; `reason` is the diagnosis once it fired. Its view is the host's: a host
+    whose ranks only wait names no frozen rank, and the controller prefers the host that does."""
+
+    def __init__(self, folder: str, timeout_s: float, say, poll: float = 1.0):
+        self.folder, self.say, self.poll = folder, say, poll
+        self.watch = HangWatch(os.path.join(folder, "rank-*.json"), timeout_s)
+        self.reason = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hang-watch", daemon=True)
+
+    def start(self) -> "HostHangWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            beats = self.watch.check(time.time())
+            if beats:
+                self.reason = respond(beats, lambda b: os.path.join(self.folder, f"stack-rank-{b.rank}.txt"),
+                                      os.path.join(self.folder, "hang.json"), self.say)
+                return

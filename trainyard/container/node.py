@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable
 
 from trainyard.container.contract import render_contract, write_contract
+from trainyard.container.hang import HANG_WATCH_ENV
 from trainyard.container.hostnames import HOSTS_FILE, RESOLVES_ENV, update_hosts_file
 from trainyard.container.imds import SPOT_POLL_S, Imds, SpotWatcher
 from trainyard.container.logship import CWL_EVENT_BYTES, LogShipper
@@ -354,7 +355,8 @@ class Agent:
 
     def _run_driver(self, deadline: float) -> tuple[int, str | None]:
         """Run the driver to its end. Returns (its exit status, why it was ended early or None)."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # no process here sees every host: the driver watches its own ranks for hangs (container/hang.py)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", HANG_WATCH_ENV: "driver"}
         self._check_interrupt()
         self.proc = proc = subprocess.Popen(
             [sys.executable, "-m", "trainyard.container.driver", "--root", self.root], env=env,

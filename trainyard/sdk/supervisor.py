@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
-from trainyard.container.hang import HangWatch, diagnose, process_state
+from trainyard.container.hang import HangWatch, respond
 from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
@@ -41,7 +41,6 @@ from trainyard.sdk.netem import in_host
 from trainyard.sdk.store import healthy
 
 POLL_S = 0.1
-STACKS_WAIT_S = 2.0  # after SIGUSR2, how long the ranks get to write their stacks
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
 # ... and how long they get while every failure reported is an echo (a peer's collective error): the
 # host whose rank caused it may still be ending its other ranks and writing its report
@@ -355,27 +354,8 @@ class Supervisor:
         beats = self.hang_watch.check(time.time())
         if beats is None:
             return False
-        states = {b.pid: process_state(b.pid) for b in beats}
-        for b in beats:
-            _signal(b.pid, signal.SIGUSR2)
-        time.sleep(STACKS_WAIT_S)
-        stacks = {}
-        for b in beats:
-            path = f"{self.jobdir}/torchrun/{b.host}/heartbeat/stack-rank-{b.rank}.txt"
-            try:
-                stacks[b.rank] = open(path, errors="replace").read()
-            except OSError:
-                stacks[b.rank] = ""
-        self.hang_reason, culprits = diagnose(beats, time.time(), states, stacks)
-        write_json(f"{self.jobdir}/hang.json", {"reason": self.hang_reason, "culprits": culprits,
-                                                "beats": [b.to_dict() for b in beats], "states": states,
-                                                "stacks": stacks})
-        _log(self.hang_reason)
-        for b in sorted(beats, key=lambda b: b.rank):
-            text = stacks[b.rank].strip() or f"(no stack: the process is in state {states.get(b.pid) or '?'})"
-            _log(f"rank {b.rank} ({b.host}) stacks:\n{text}")
-        for b in beats:
-            _signal(b.pid, signal.SIGKILL)
+        stacks = lambda b: f"{self.jobdir}/torchrun/{b.host}/heartbeat/stack-rank-{b.rank}.txt"  # noqa: E731
+        self.hang_reason = respond(beats, stacks, f"{self.jobdir}/hang.json", _log)
         return True
 
     def failure_reason(self) -> str:
@@ -494,13 +474,6 @@ class Supervisor:
         artifacts = os.path.exists(f"{self.jobdir}/hosts/{spec.hosts[0]}.status.json")
         record_outcome(st, spec, outcome, reason, artifacts=artifacts, log=_log)
         return 0
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass  # gone already
 
 
 def main(argv: list[str] | None = None) -> int:

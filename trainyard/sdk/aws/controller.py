@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from trainyard.container.failure import retry_class
+from trainyard.container.failure import first_cause, retry_class
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
@@ -172,13 +172,13 @@ class Controller:
                 phases = [d["phase"] if d else "Starting" for d in docs.values()]
                 failed = [d for d in docs.values() if d and d["phase"] == "Failed"]
                 if failed:
-                    reason = failed[0].get("failure_reason") or f"{failed[0]['host']} failed"
+                    reason = first_cause([d.get("failure_reason") or f"{d['host']} failed" for d in failed])
                     if reason.startswith("MaxRuntimeExceeded"):  # the node's own guard fired first
                         outcome = "MaxRuntimeExceeded"
                         break
                     cls = retry_class(reason)  # a failure a retry may cure starts the job again, whole
                     self.record_attempt(attempt, "Failed", reason, cls)
-                    if cls is None or not self.retry(attempt, f"{failed[0]['host']} failed ({cls})", started,
+                    if cls is None or not self.retry(attempt, f"{reason.splitlines()[0][:120]} ({cls})", started,
                                                      status="Restarting"):
                         if cls is None and spec.max_retry_attempts:
                             _log(f"attempt {attempt} failed with an error a retry does not cure: not retried")
