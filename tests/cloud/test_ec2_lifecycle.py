@@ -103,6 +103,26 @@ def _wait(job, timeout: float = 300) -> dict:
     return job.describe()
 
 
+def _until_checkpointed(job, ckpt: str) -> None:
+    from trainyard.engine.components.checkpoint import list_steps
+
+    deadline = time.monotonic() + 240
+    while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert any(list_steps(ckpt).values()), job.log_text()[-3000:]
+
+
+def _second_attempt_resumes(job, instances: Instances) -> str:
+    """Plays attempt 2's instances until the job resumes, then stops the job; returns its log."""
+    instances.start(attempt=2, timeout=180)
+    deadline = time.monotonic() + 240
+    while "resumed from step" not in job.log_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    logs = job.log_text()
+    job.stop()
+    return logs
+
+
 def _estimator(account, **kw) -> Estimator:
     return Estimator(entry_point="trainyard.engine.train", instance_type="ml.p4d.24xlarge", instance_count=2,
                      processes_per_host=1, output_path="s3://ty-out/jobs", image_uri=IMAGE, role=account["role"],
@@ -147,8 +167,6 @@ def test_a_job_runs_to_completion_and_leaves_nothing(account, tmp_path):
 
 
 def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account, tmp_path):
-    from trainyard.engine.components.checkpoint import list_steps
-
     ckpt = "s3://ty-out/ckpt/spot"
     est = _estimator(account, hyperparameters={**HPS, "steps": 400, "decay_steps": 400, "checkpoint_every": 2},
                      checkpoint_s3_uri=ckpt, use_spot_instances=True, max_wait=1200, max_retry_attempts=1)
@@ -156,17 +174,9 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
     instances = Instances("spot", str(tmp_path))
     try:
         instances.start(attempt=1)
-        deadline = time.monotonic() + 240
-        while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert any(list_steps(ckpt).values()), job.log_text()[-3000:]
+        _until_checkpointed(job, ckpt)
         instances.interrupt()  # the two-minute notice on both instances
-        instances.start(attempt=2, timeout=180)
-        deadline = time.monotonic() + 240
-        while "resumed from step" not in job.log_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        logs = job.log_text()
-        job.stop()
+        logs = _second_attempt_resumes(job, instances)
     finally:
         instances.stop()
     # the ranks stop together after a step and make sure it is checkpointed (an emergency save, or the
@@ -190,7 +200,6 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
 def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
     """On-demand, max_retry_attempts=1: the training process of algo-2 is killed (as by the OOM killer); the
     controller launches attempt 2 on new instances, which resumes from the last committed step."""
-    from trainyard.engine.components.checkpoint import list_steps
     from trainyard.sdk.supervisor import descendants
 
     ckpt = "s3://ty-out/ckpt/retry"
@@ -200,21 +209,13 @@ def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
     instances = Instances("retry", str(tmp_path))
     try:
         instances.start(attempt=1)
-        deadline = time.monotonic() + 240
-        while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert any(list_steps(ckpt).values()), job.log_text()[-3000:]
+        _until_checkpointed(job, ckpt)
         ranks = [p for p in descendants(instances.agents[1].pid)
                  if b"trainyard.engine.train" in open(f"/proc/{p}/cmdline", "rb").read()
                  and b"torch.distributed.run" not in open(f"/proc/{p}/cmdline", "rb").read()]
         assert len(ranks) == 1, ranks
         os.kill(ranks[0], signal.SIGKILL)
-        instances.start(attempt=2, timeout=180)
-        deadline = time.monotonic() + 240
-        while "resumed from step" not in job.log_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        logs = job.log_text()
-        job.stop()
+        logs = _second_attempt_resumes(job, instances)
     finally:
         instances.stop()
     assert "resumed from step" in logs, logs[-3000:]
