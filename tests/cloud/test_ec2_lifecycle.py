@@ -25,6 +25,7 @@ from trainyard.job.jsonio import now_iso
 from trainyard.sdk.aws.userdata import agent_command
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.local import free_port
+from trainyard.sdk.supervisor import descendants
 from tests.container.fake_imds import FakeImds
 
 from .conftest import IMAGE, Recorder, leftovers
@@ -87,7 +88,7 @@ class Instances:
     def stop(self) -> None:
         """What terminating the instances does: every process on them ends (the driver and training
         processes run in process groups of their own, so the whole tree is found first)."""
-        from trainyard.sdk.supervisor import descendants, signal_all
+        from trainyard.sdk.supervisor import signal_all
 
         for agent in self.agents:
             signal_all([agent.pid, *descendants(agent.pid)], signal.SIGKILL)
@@ -101,6 +102,15 @@ def _wait(job, timeout: float = 300) -> dict:
     while job.status() == "InProgress" and time.monotonic() < deadline:
         time.sleep(0.5)
     return job.describe()
+
+
+def _training_processes(agent_pid: int) -> list[int]:
+    """The built-in trainer's ranks under a node agent (not torchrun's own process)."""
+    def cmdline(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    return [p for p in descendants(agent_pid)
+            if b"trainyard.engine.train" in cmdline(p) and b"torch.distributed.run" not in cmdline(p)]
 
 
 def _until_checkpointed(job, ckpt: str) -> None:
@@ -200,7 +210,6 @@ def test_a_spot_interruption_resumes_on_new_capacity_from_the_checkpoint(account
 def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
     """On-demand, max_retry_attempts=1: the training process of algo-2 is killed (as by the OOM killer); the
     controller launches attempt 2 on new instances, which resumes from the last committed step."""
-    from trainyard.sdk.supervisor import descendants
 
     ckpt = "s3://ty-out/ckpt/retry"
     est = _estimator(account, hyperparameters={**HPS, "steps": 400, "decay_steps": 400, "checkpoint_every": 2},
@@ -210,9 +219,7 @@ def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
     try:
         instances.start(attempt=1)
         _until_checkpointed(job, ckpt)
-        ranks = [p for p in descendants(instances.agents[1].pid)
-                 if b"trainyard.engine.train" in open(f"/proc/{p}/cmdline", "rb").read()
-                 and b"torch.distributed.run" not in open(f"/proc/{p}/cmdline", "rb").read()]
+        ranks = _training_processes(instances.agents[1].pid)
         assert len(ranks) == 1, ranks
         os.kill(ranks[0], signal.SIGKILL)
         logs = _second_attempt_resumes(job, instances)
@@ -226,3 +233,26 @@ def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
     seen = assert_transitions_cover_the_job(d)
     assert seen.count("Restarting") == 1 and seen[seen.index("Restarting") + 1] == "LaunchingMLInstances"
     assert d["TrainingJobStatus"] == "Stopped" and leftovers("retry") == {}
+
+
+def test_a_stopped_rank_is_found_by_its_hosts_driver_and_named(account, tmp_path):
+    """No process sees every host on EC2: each driver watches its own ranks. A SIGSTOPed rank on algo-2 is
+    named by algo-2's driver; the controller prefers that diagnosis to algo-1's, whose rank only waits."""
+    est = _estimator(account, hyperparameters={**HPS, "steps": 400, "decay_steps": 400}, hang_timeout_s=6)
+    job = est.fit(wait=False, job_name="hang")
+    instances = Instances("hang", str(tmp_path))
+    try:
+        instances.start(attempt=1)
+        deadline = time.monotonic() + 240
+        while "step 3/400" not in job.log_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        ranks = _training_processes(instances.agents[1].pid)
+        assert len(ranks) == 1, ranks
+        os.kill(ranks[0], signal.SIGSTOP)
+        d = _wait(job, timeout=180)
+    finally:
+        instances.stop()
+    assert d["TrainingJobStatus"] == "Failed", job.log_text()[-3000:]
+    assert d["FailureReason"].startswith("Hang: rank 1 (algo-2) stopped (SIGSTOP) in "), d["FailureReason"]
+    assert "[algo-2] driver: rank 1 (algo-2) stacks:" in job.log_text()
+    assert leftovers("hang") == {}

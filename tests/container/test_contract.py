@@ -150,3 +150,47 @@ def test_local_instance_and_module_entry():
     assert json.loads(c.files["input/config/resourceconfig.json"])["current_instance_type"] == "local"
     assert c.env["SM_NUM_GPUS"] == "0" and c.env["SM_NUM_CPUS"] == "2"
     assert c.env["SM_MODULE_NAME"] == "trainyard.engine.train"
+
+
+def test_tensorboard_and_profiler_configs_as_sagemaker_writes_them():
+    """tensorboardoutputconfig.json is SageMaker's {LocalPath, S3OutputPath}; profilerconfig.json SageMaker's
+    ProfilingParameters (a start and a count for one run of steps) with Trainyard's every step and rank; the engine
+    reads both (engine/components/contract.py)."""
+    from trainyard.engine.components.contract import profiler_from_contract, tensorboard_dir_from_contract
+
+    spec = _spec(tensorboard_output_config={"s3_output_path": "s3://bkt/tb"},
+                 profiler={"steps": [5, 6], "ranks": [0, 9]})
+    files = {k: json.loads(v) for k, v in render_contract(spec, 1, root="/jobs/j/algo-2").files.items()}
+    assert files["input/config/tensorboardoutputconfig.json"] == {"LocalPath": "/jobs/j/algo-2/output/tensorboard",
+                                                                  "S3OutputPath": "s3://bkt/tb"}
+    assert files["input/config/profilerconfig.json"] == {
+        "ProfilingParameters": {"ProfilerEnabled": "true", "LocalPath": "/jobs/j/algo-2/output/profiler",
+                                "DetailedProfilingConfig": '{"StartStep": 5, "NumSteps": 2}'},
+        "S3OutputPath": "s3://bkt/out", "Steps": [5, 6], "Ranks": [0, 9]}
+    # steps that are not one run: no SageMaker start and count, every step in Steps; a folder outside /opt/ml stays
+    spec = _spec(profiler={"steps": [2, 7], "local_path": "/scratch/prof", "s3_output_path": "s3://bkt/prof"},
+                 tensorboard_output_config={"s3_output_path": "s3://bkt/tb", "container_local_output_path": "/tb"})
+    c = render_contract(spec, 0, root="/jobs/j/algo-1")
+    prof = json.loads(c.files["input/config/profilerconfig.json"])
+    assert prof["ProfilingParameters"] == {"ProfilerEnabled": "true", "LocalPath": "/scratch/prof"}
+    assert prof["Steps"] == [2, 7] and prof["S3OutputPath"] == "s3://bkt/prof"
+    assert json.loads(c.files["input/config/tensorboardoutputconfig.json"])["LocalPath"] == "/tb"
+    env = {"SM_INPUT_CONFIG_DIR": "/nonexistent"}
+    assert tensorboard_dir_from_contract(env) == "" and profiler_from_contract(env) is None
+
+
+def test_the_engine_reads_what_the_contract_wrote(tmp_path):
+    from trainyard.container.contract import write_contract
+    from trainyard.engine.components.contract import profiler_from_contract, tensorboard_dir_from_contract
+
+    spec = _spec(tensorboard_output_config={"s3_output_path": "s3://bkt/tb"}, profiler={"steps": [3, 4, 8]})
+    root = str(tmp_path / "algo-1")
+    write_contract(render_contract(spec, 0, root=root), root)
+    env = {"SM_INPUT_CONFIG_DIR": f"{root}/input/config"}
+    assert tensorboard_dir_from_contract(env) == f"{root}/output/tensorboard"
+    assert profiler_from_contract(env) == {"steps": [3, 4, 8], "ranks": [0], "dir": f"{root}/output/profiler"}
+
+
+def test_no_tensorboard_or_profiler_config_unless_asked():
+    files = render_contract(_spec(), 0).files
+    assert "input/config/tensorboardoutputconfig.json" not in files and "input/config/profilerconfig.json" not in files

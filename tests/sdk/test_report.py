@@ -183,6 +183,33 @@ def test_without_plotly_the_error_names_the_extra(monkeypatch, tmp_path):
         report.write_report(_full_job(), str(tmp_path / "x.html"))
 
 
+def test_a_profiled_job_lists_its_traces_from_the_profiler_output(tmp_path):
+    out = tmp_path / "out"
+    spec = build_spec(job_name="report-prof", entry_point="trainyard.engine.train", entry_kind="module",
+                      instance_type="local", processes_per_host=2, output_path=f"file://{out}",
+                      profiler={"steps": [2, 3, 7], "ranks": [0, 1]})
+    traces = out / "report-prof" / "profiler-output"
+    traces.mkdir(parents=True)
+    (traces / "rank0-steps2-3.pt.trace.json").write_bytes(b"x" * 3000)
+    (traces / "rank1-steps7-7.pt.trace.json").write_bytes(b"y" * 10)
+    desc = {**_full_job().desc, "TrainingJobName": "report-prof"}
+    page = open(report.write_report(FakeJob(desc, [_row(s) for s in (1, 2)], spec=spec), str(tmp_path / "p.html")),
+                encoding="utf-8").read()
+    section = _sections(page)["profiler"]
+    assert 'class="missing"' not in section
+    assert "<th>rank0-steps2-3.pt.trace.json</th><td>2.9 KiB, file://" in section
+    assert f"{traces}/rank0-steps2-3.pt.trace.json" in section and "<th>rank1-steps7-7.pt.trace.json</th><td>10 B" in section
+    assert "Steps 2-3, 7 of rank(s) 0, 1" in section
+    # traces not there (yet): said, not drawn
+    spec2 = build_spec(**{**spec.model_dump(), "job_name": "report-prof2"})
+    page = open(report.write_report(FakeJob({**desc, "TrainingJobName": "report-prof2"}, [], spec=spec2),
+                                    str(tmp_path / "q.html")), encoding="utf-8").read()
+    assert "nothing under file://" in _sections(page)["profiler"] and "report-prof2/profiler-output" in page
+    # a job without a profiler has no such section
+    assert "profiler" not in _sections(open(report.write_report(_full_job(), str(tmp_path / "r.html")),
+                                            encoding="utf-8").read())
+
+
 # ---- a job folder: job.report() and the command line
 
 

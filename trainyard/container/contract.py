@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from trainyard.engine.components.contract import CHECKPOINT_CONFIG, PROFILER_CONFIG, TENSORBOARD_CONFIG
 from trainyard.job import catalog
 from trainyard.job.distribution import normalize
 from trainyard.job.spec import JobSpec
@@ -139,9 +140,16 @@ def render_contract(
         ),
     }
     if spec.checkpoint_s3_uri:
-        files[f"{CONFIG_DIR}/checkpointconfig.json"] = json.dumps(
-            {"LocalPath": _under_root(spec.checkpoint_local_path, root), "S3Uri": spec.checkpoint_s3_uri}
+        files[f"{CONFIG_DIR}/{CHECKPOINT_CONFIG}"] = json.dumps(
+            {"LocalPath": under_root(spec.checkpoint_local_path, root), "S3Uri": spec.checkpoint_s3_uri}
         )
+    tb = spec.tensorboard_output_config
+    if tb is not None:
+        files[f"{CONFIG_DIR}/{TENSORBOARD_CONFIG}"] = json.dumps(
+            {"LocalPath": under_root(tb.container_local_output_path, root), "S3OutputPath": tb.s3_output_path}
+        )
+    if spec.profiler is not None:
+        files[f"{CONFIG_DIR}/{PROFILER_CONFIG}"] = json.dumps(profiler_config(spec, root))
 
     args = user_args(spec.hyperparameters)
     module_name = spec.entry_point.removesuffix(".py") if spec.entry_kind == "script" else spec.entry_point
@@ -204,10 +212,23 @@ def render_contract(
     env.update({f"SM_CHANNEL_{c.upper()}": f"{root}/input/data/{c}" for c in channels})
     env.update({f"SM_HP_{k.upper()}": hp_env(v) for k, v in spec.hyperparameters.items()})
     if spec.checkpoint_s3_uri:
-        env["SM_CHECKPOINT_DIR"] = _under_root(spec.checkpoint_local_path, root)
+        env["SM_CHECKPOINT_DIR"] = under_root(spec.checkpoint_local_path, root)
     env.update(spec.environment)  # the user's own variables win
     dirs = DIRS + tuple(f"input/data/{c}" for c in channels)
     return HostContract(files=files, dirs=dirs, env=env)
+
+
+def profiler_config(spec: "JobSpec", root: str) -> dict[str, Any]:
+    """profilerconfig.json: SageMaker's shape (`ProfilingParameters` with `LocalPath` and, for one run of consecutive
+    steps, `DetailedProfilingConfig`; `S3OutputPath`) and the steps and ranks the engine profiles (Trainyard's
+    `Steps`, `Ranks`: every profiled step, which a start and a count cannot say for steps that are not consecutive)."""
+    prof = spec.profiler
+    params: dict[str, Any] = {"ProfilerEnabled": "true", "LocalPath": under_root(prof.local_path, root)}
+    runs = prof.runs()
+    if len(runs) == 1:  # SageMaker's values are JSON strings in the JSON
+        params["DetailedProfilingConfig"] = json.dumps({"StartStep": runs[0][0], "NumSteps": len(prof.steps)})
+    return {"ProfilingParameters": params, "S3OutputPath": prof.s3_output_path or spec.output_path,
+            "Steps": list(prof.steps), "Ranks": list(prof.ranks)}
 
 
 def _channel_config(c) -> dict[str, Any]:
@@ -223,7 +244,7 @@ def _channel_config(c) -> dict[str, Any]:
     return out
 
 
-def _under_root(path: str, root: str) -> str:
+def under_root(path: str, root: str) -> str:
     """Map a path given for the container (`/opt/ml/checkpoints`) onto this host's root."""
     if root != "/opt/ml" and (path == "/opt/ml" or path.startswith("/opt/ml/")):
         return root + path[len("/opt/ml") :]

@@ -20,8 +20,11 @@ It times what it does as the host's phases (trainyard/container/phases.py) in `-
 (when the local supervisor says when it spawned this driver), `code`, `probe`, `first_step` (torchrun's
 start -> the first step seen, trainyard/container/firststep.py) and, on the first host, `upload`.
 
-With `checkpoint_s3_uri`, a user script's checkpoint folder is restored before it starts and synced while
-it runs and when it ends (`ckpt_sync.CheckpointSync`); the built-in trainer writes there itself.
+Folders mirrored to object storage while the job runs and a last time when it ends, whatever the outcome
+(`folder_sync.FolderSync`, `start_syncs`): with `checkpoint_s3_uri`, a user script's checkpoint folder, restored
+before it starts (`ckpt_sync.CheckpointSync`; the built-in trainer writes to the URI itself); with
+`tensorboard_output_config`, the TensorBoard folder; with a profiler, the traces folder. A file that cannot be
+uploaded fails the job, naming it.
 
 Exit status: 0 success, 1 failure, 128+N when stopped by signal N.
 """
@@ -31,10 +34,10 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import shutil
 import tarfile
 import tempfile
 import time
@@ -44,10 +47,11 @@ from trainyard.container.hostnames import RESOLVES_ENV
 from trainyard.job import storage
 from trainyard.job.jsonio import write_json
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
-from trainyard.container.ckpt_sync import DEFAULT_INTERVAL_S, CheckpointSync
-from trainyard.container.contract import JOB_FILE, render_contract, user_args
+from trainyard.container.ckpt_sync import CheckpointSync
+from trainyard.container.contract import JOB_FILE, render_contract, under_root, user_args
+from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
 from trainyard.container.failure import RankFailure, root_cause, tail
-from trainyard.container.hang import heartbeat_dir
+from trainyard.container.hang import HANG_WATCH_ENV, HostHangWatch, heartbeat_dir
 from trainyard.engine.components.contract import FIRST_STEP_ENV
 from trainyard.engine.components.heartbeat import ENV as HEARTBEAT_ENV
 from trainyard.container.firststep import FirstStepWatch, rank_logs
@@ -62,6 +66,9 @@ PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
 # the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
 PROBE_TIMEOUT_S = 300.0
 PROBE_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for a probe past its time (torchrun stops its workers on SIGTERM)
+# seconds between scans of the synced folders: checkpoints, and the TensorBoard and profiler outputs
+CHECKPOINT_SYNC_ENV = "TRAINYARD_CHECKPOINT_SYNC_S"
+OUTPUT_SYNC_ENV = "TRAINYARD_OUTPUT_SYNC_S"
 
 
 def build_torchrun_command(
@@ -162,9 +169,10 @@ def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int
 
 
 def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: PhaseLog, metrics_file: str,
-                 regexes: list[str]) -> tuple[int, RankFailure | None]:
+                 regexes: list[str], hang_timeout_s: float | None = None) -> tuple[int, RankFailure | None, str]:
     """`run_torchrun`, timed as the `first_step` phase: from here to the first step the watch sees; no
-    step seen, no phase."""
+    step seen, no phase. Where the driver watches its own ranks for hangs (`TRAINYARD_HANG_WATCH=driver`:
+    EC2 nodes), the third value is the hang's diagnosis once the watch fired ("" otherwise)."""
     phases.start(FIRST_STEP)
     marker = os.path.join(log_dir, "first-step")  # the engine creates it after its first step (on every rank)
     if os.path.exists(marker):
@@ -173,12 +181,23 @@ def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: P
     beats = heartbeat_dir(log_dir)  # every rank's heartbeat and, on a hang, its stacks (container/hang.py)
     shutil.rmtree(beats, ignore_errors=True)
     os.environ[HEARTBEAT_ENV] = beats
+    # NCCL jobs: torch's flight recorder keeps the last collectives of each rank and dumps them next to the
+    # heartbeats when NCCL's watchdog times out (no effect with gloo)
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(beats, "nccl_trace_rank_"))
     watch = FirstStepWatch(metrics_file, rank_logs(log_dir), regexes, lambda t: phases.end(FIRST_STEP, t),
                            marker=marker).start()
+    hangs = None
+    if os.environ.get(HANG_WATCH_ENV) == "driver" and hang_timeout_s:
+        hangs = HostHangWatch(beats, hang_timeout_s, say=lambda m: _say(host, m)).start()
     try:
-        return run_torchrun(cmd, cwd, host, log_dir)
+        code, failure = run_torchrun(cmd, cwd, host, log_dir)
+        return code, failure, hangs.reason if hangs is not None else ""
     finally:
         watch.stop()
+        if hangs is not None:
+            hangs.stop()
         if not watch.seen:
             phases.drop(FIRST_STEP)
 
@@ -201,6 +220,44 @@ def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
     signal = f.signal_name() if f.exitcode < 0 else ""
     return RankFailure(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, signal=signal,
                        time=when, last_lines=text)
+
+
+def start_syncs(spec: JobSpec, root: str, env: dict, say, syncs: list[FolderSync]) -> None:
+    """Start mirroring this host's job folders to object storage, appending each to `syncs` as it starts (so that
+    the caller stops every one that started, even when a later one fails): a user script's checkpoint folder,
+    restored first (the built-in trainer reads and writes checkpoint_s3_uri itself), the TensorBoard folder (event
+    files grow every step: each scan uploads what changed) and the profiler's traces folder."""
+    def interval(name: str) -> float:
+        return float(env.get(name) or DEFAULT_INTERVAL_S)
+
+    if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER:
+        sync = CheckpointSync(env["SM_CHECKPOINT_DIR"], spec.checkpoint_s3_uri, interval=interval(CHECKPOINT_SYNC_ENV),
+                              say=say)
+        restored = sync.restore()
+        if restored:
+            say(f"restored {restored} checkpoint file(s) from {spec.checkpoint_s3_uri}")
+        syncs.append(sync.start())
+    tb = spec.tensorboard_output_config
+    if tb is not None:
+        syncs.append(FolderSync(under_root(tb.container_local_output_path, root), tb.uri(spec.job_name),
+                                interval=interval(OUTPUT_SYNC_ENV), settle=False, say=say, what="tensorboard").start())
+    prof = spec.profiler
+    if prof is not None:
+        syncs.append(FolderSync(under_root(prof.local_path, root), prof.uri(spec.output_path, spec.job_name),
+                                interval=interval(OUTPUT_SYNC_ENV), say=say, what="profiler").start())
+
+
+def stop_syncs(syncs: list[FolderSync], status: dict) -> str:
+    """The last sync of every folder; returns what could not be uploaded ("" when everything was), and counts the
+    files each uploaded in `status` (`checkpoint_files_uploaded`, `tensorboard_files_uploaded`, ...)."""
+    problems = []
+    for sync in syncs:
+        lost = sync.stop()
+        status[f"{sync.what}_files_uploaded"] = sync.files_uploaded
+        if lost:
+            problems.append(f"{len(lost)} {sync.what} file(s) could not be uploaded to {sync.uri}: "
+                            + "; ".join(f"{k}: {v}" for k, v in sorted(lost.items())[:3]))
+    return "; ".join(problems)
 
 
 def upload_artifacts(spec, root: str) -> list[str]:
@@ -266,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     failure: RankFailure | None = None
     reason = ""
     code_dir = f"{root}/code"
-    sync: CheckpointSync | None = None
+    syncs: list[FolderSync] = []
     try:
         with phases.timed("code", enabled=bool(spec.code_uri)):
             if spec.code_uri:
@@ -281,14 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             if overlay is not None:
                 overlay.activate(os.environ)
                 _say(host, f"requirements.txt: {overlay.summary()}")
-        if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER:
-            sync = CheckpointSync(contract.env["SM_CHECKPOINT_DIR"], spec.checkpoint_s3_uri,
-                                  interval=float(os.environ.get("TRAINYARD_CHECKPOINT_SYNC_S", DEFAULT_INTERVAL_S)),
-                                  say=lambda m: _say(host, m))
-            restored = sync.restore()
-            if restored:
-                _say(host, f"restored {restored} checkpoint file(s) from {spec.checkpoint_s3_uri}")
-            sync.start()
+        start_syncs(spec, root, os.environ, lambda m: _say(host, m), syncs)
         configure_network(host)
         log_dir = a.log_dir or tempfile.mkdtemp(prefix="trainyard-torchrun-")
         if probe_requested(os.environ):
@@ -314,22 +364,22 @@ def main(argv: list[str] | None = None) -> int:
             entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
         )
         _say(host, "launching " + " ".join(cmd[1:]))
-        code, failure = run_training(cmd, code_dir, host, log_dir, phases=phases,
-                                     metrics_file=f"{root}/output/data/{METRICS_FILE}",
-                                     regexes=[d["Regex"] for d in spec.metric_definitions])
-        if failure is not None:
+        code, failure, hang = run_training(cmd, code_dir, host, log_dir, phases=phases,
+                                           metrics_file=f"{root}/output/data/{METRICS_FILE}",
+                                           regexes=[d["Regex"] for d in spec.metric_definitions],
+                                           hang_timeout_s=spec.hang_timeout_s)
+        if hang:
+            code, reason = 1, hang  # its ranks were ended by the watch: the diagnosis says why
+        elif failure is not None:
             reason = failure.reason()
     except Exception as e:  # the driver itself failed: the job fails with that reason
         code, reason = 1, f"{host} driver: {type(e).__name__}: {e}"
-    if sync is not None:  # the last sync runs whatever the outcome
-        lost = sync.stop()
-        status["checkpoint_files_uploaded"] = sync.files_uploaded
-        if lost:
-            message = f"{host} driver: {len(lost)} checkpoint file(s) could not be uploaded to {spec.checkpoint_s3_uri}: " \
-                      + "; ".join(f"{k}: {v}" for k, v in sorted(lost.items())[:3])
-            _say(host, message)
-            if code == 0:
-                code, reason = 1, message
+    lost = stop_syncs(syncs, status)  # the last sync runs whatever the outcome
+    if lost:
+        message = f"{host} driver: {lost}"
+        _say(host, message)
+        if code == 0:
+            code, reason = 1, message
     status.update(exit_code=code, finished=time.time())
     if code == 1:
         write_failure(root, reason)

@@ -84,16 +84,19 @@ def retry_class(reason: str) -> str | None:
     return None
 
 
+def cause_rank(reason: str) -> int:
+    """How surely a host's FailureReason names the cause: 0 a failure that is no echo, 1 a hang diagnosis
+    that names a frozen rank (the host that holds it sees it), 2 another hang diagnosis, 3 an echo."""
+    head = reason.split("\n", 1)[0]
+    if head.startswith("Hang:"):
+        return 1 if " stopped" in head.split(";", 1)[0] else 2
+    return 3 if _ECHO.search(reason) else 0
+
+
 def first_cause(reasons: list[str]) -> str:
-    """The FailureReason of a job from its hosts' own (where no process saw every rank: EC2): a failure that
-    is no echo, then a hang diagnosis that names a frozen rank (the host that holds it sees it), then any
-    hang diagnosis, then the first."""
-    def rank(reason: str) -> int:
-        head = reason.split("\n", 1)[0]
-        if head.startswith("Hang:"):
-            return 1 if " stopped" in head.split(";", 1)[0] else 2
-        return 3 if _ECHO.search(reason) else 0
-    return min(reasons, key=rank)
+    """The FailureReason of a job from its hosts' own (where no process saw every rank: EC2): the surest
+    (`cause_rank`), the first of those."""
+    return min(reasons, key=cause_rank)
 
 
 def tail(text: str, lines: int = LAST_LINES) -> str:

@@ -9,14 +9,19 @@ parallelism, train it in the user's own loop, checkpoint it, export it.
         for i, mb in enumerate(micro_batches):     # this rank's rows: global_batch.chunk(ctx.dp_size)[ctx.dp_rank]
             with accumulate(model, i, n):
                 (loss_fn(model, mb) / n).backward()
-        clip_grad_norm_(model, 1.0); opt.step(); opt.zero_grad()
+        norm = clip_grad_norm_(model, 1.0); opt.step(); opt.zero_grad()
         save_checkpoint(model, opt, step)          # async, committed by .metadata, verified on load
+        log_metrics(step, {"grad_norm": norm})     # metrics.jsonl (job.metrics()) and TensorBoard, from rank 0
     save_model(model, os.environ["SM_MODEL_DIR"])  # HF models: loadable by from_pretrained
 
 With pipeline parallelism a rank holds only some stages, so the loop runs micro-batches through the
 schedule: `loss = forward_backward(model, inputs, targets, loss_fn, microbatches=n)` (which works for every
 layout). The context `init()` builds is the process's one current context (like torch.distributed's
 default group); every other call finds the model's layout on the model it returned.
+
+What the job asked to record comes from its contract: `log_metrics` writes TensorBoard scalars when it has
+`tensorboard_output_config` (components/tensorboard.py), and `mark_step` / `log_metrics` bound the steps its
+profiler records (components/profiler.py).
 """
 from __future__ import annotations
 
@@ -36,7 +41,11 @@ from torch import nn
 
 from trainyard.engine.components import checkpoint as ckpt
 from trainyard.engine.components import heartbeat
-from trainyard.engine.components.contract import checkpoint_uri_from_contract
+from trainyard.engine.components.contract import (checkpoint_uri_from_contract, profiler_from_contract,
+                                                 tensorboard_dir_from_contract)
+from trainyard.engine.components.metrics_log import MetricsLog
+from trainyard.engine.components.profiler import StepProfiler
+from trainyard.engine.components.tensorboard import require_tensorboard
 from trainyard.engine.components.data import rank_rows
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
@@ -64,6 +73,10 @@ class Context(Dist):
     coords: dict[str, int] = field(default_factory=dict)
     """This rank's index along every mesh dimension (`ParallelDims.coords`), computed once."""
     _savers: dict = field(default_factory=dict, repr=False)
+    _profiler: StepProfiler | None = field(default=None, repr=False)
+    """This rank's profiled steps (None: the job profiles none of its steps)."""
+    _metrics: MetricsLog | None = field(default=None, repr=False)
+    """Rank 0's metrics.jsonl and TensorBoard writer, opened by the first log_metrics."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -115,12 +128,16 @@ def init(distribution: dict | Parallelism | None = None) -> Context:
                              "transform() to lay one model out differently")
         return _current
     quiet()  # torch's notes that say nothing about the job (engine/quiet.py); TRAINYARD_VERBOSE=1 shows them
+    if tensorboard_dir_from_contract():
+        require_tensorboard()  # before anything is built: the job asked for event files it could not write
     world = int(os.environ.get("WORLD_SIZE") or 1)
     dims = par.dims(world_size=world, processes_per_host=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
     d: Dist = init_distributed()
     dims.build_mesh(d.device.type)
     _current = Context(**{f.name: getattr(d, f.name) for f in dataclasses.fields(Dist)}, parallelism=par, dims=dims)
+    _current._profiler = StepProfiler.from_contract(profiler_from_contract(), d.rank, d.device)
     atexit.register(wait_for_checkpoints)
+    atexit.register(_close_records, _current)
     return _current
 
 
@@ -133,8 +150,19 @@ def finish() -> None:
     """Wait for checkpoints in flight and leave the process group (every rank calls it, at the end)."""
     global _current
     wait_for_checkpoints()
+    if _current is not None:
+        _close_records(_current)
     destroy_distributed()
     _current = None
+
+
+def _close_records(ctx: Context) -> None:
+    """Write what a profiled run still open recorded; close the metrics files (idempotent)."""
+    if ctx._profiler is not None:
+        ctx._profiler.close()
+    if ctx._metrics is not None:
+        ctx._metrics.close()
+        ctx._metrics = None
 
 
 def wait_for_checkpoints() -> bool:
@@ -235,9 +263,26 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
 
 
 def mark_step(step: int) -> None:
-    """Say which step this rank is in, for the job's hang detection (a failure then names it): call it at the
-    top of each step of your loop. The built-in trainer does."""
+    """Say which step this rank is in, for the job's hang detection (a failure then names it) and its profiler
+    (a profiled step is recorded from here): call it at the top of each step of your loop. The built-in trainer
+    does."""
     heartbeat.set_step(step)
+    if _current is not None and _current._profiler is not None:
+        _current._profiler.at_step(step)
+
+
+def log_metrics(step: int, metrics: dict[str, Any]) -> None:
+    """Record step `step`'s figures; call it on every rank when the step is done. Rank 0 appends
+    `{"step": step, **metrics}` to `$SM_OUTPUT_DATA_DIR/metrics.jsonl` (`job.metrics()` returns the rows) and, when
+    the job has `tensorboard_output_config`, writes every number of it (nested dicts too) as a TensorBoard scalar
+    at `step`; a profiled run whose last step this is ends here. Values must be JSON-serialisable."""
+    ctx = current()
+    if ctx.is_main:
+        if ctx._metrics is None:
+            ctx._metrics = MetricsLog.from_contract()
+        ctx._metrics.write({"step": step, **metrics})
+    if ctx._profiler is not None:
+        ctx._profiler.after_step(step)
 
 
 def _uri(uri: str | None, what: str) -> str:

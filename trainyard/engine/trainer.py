@@ -5,7 +5,9 @@ of MODEL_CONFIGS, or the Hugging Face causal LM of a model channel) -> `transfor
 MiCS, weights) -> pretrained weights if the channel has them -> AdamW + schedule -> the data source (token
 files, text tokenized with the model's tokenizer, or synthetic) -> resume from the newest verified step.
 `run()` loops (micro-batches through `forward_backward`, clip, step, metrics, checkpoints), stops cleanly on
-SIGTERM (`stop()`), and exports the model at the end (`export()`).
+SIGTERM (`stop()`), and exports the model at the end (`export()`). Each step's row goes through `log_metrics`
+(metrics.jsonl, and TensorBoard when the job asked for it); `mark_step` and `log_metrics` bound the steps the
+job's profiler records.
 """
 from __future__ import annotations
 
@@ -21,8 +23,7 @@ from torch import nn
 from trainyard.engine import api
 from trainyard.engine.components import checkpoint as ckpt
 from trainyard.engine.components import flops, heartbeat
-from trainyard.engine.components.contract import (checkpoint_uri_from_contract, mark_first_step, model_dir,
-                                                 output_data_dir)
+from trainyard.engine.components.contract import checkpoint_uri_from_contract, mark_first_step, model_dir
 from trainyard.engine.components.data import build_source, channel_dir
 from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
@@ -31,8 +32,6 @@ from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig, reconcile_distribution
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def token_loss(output, targets: torch.Tensor) -> torch.Tensor:
@@ -172,10 +171,6 @@ class Trainer:
         """Train from the resumed step to cfg.steps; returns False when SIGTERM stopped it."""
         cfg = self.cfg
         start = self.resume()
-        metrics = None
-        if self.ctx.is_main:
-            os.makedirs(output_data_dir(), exist_ok=True)
-            metrics = open(os.path.join(output_data_dir(), METRICS_FILE), "a")
         tokens_per_step = cfg.global_batch_size * cfg.seq_len
         meter = CommMeter(self.layout.dims.processes_per_host, self.layout.dims)
         termination = Termination(cfg.termination_deadline_s)
@@ -201,31 +196,27 @@ class Trainer:
                 blocked = 0.0
                 if self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
                     blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async)
-                if metrics is not None:
-                    comm = meter.totals()
-                    row = {"step": step, **record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
-                           "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
-                           # the step's time: the communication it waited for, and the rest (compute, copies, Python)
-                           "compute_s": elapsed - comm["intra_s"] - comm["inter_s"], "comm_intra_s": comm["intra_s"],
-                           "comm_inter_s": comm["inter_s"], "checkpoint_blocked_s": blocked,
-                           "cpu_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                           "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
-                           "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"]}
-                    if cuda:
-                        row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
-                    if first:
-                        row["fingerprint"] = self.fingerprint
-                        first = False
-                    metrics.write(json.dumps(row) + "\n")
-                    metrics.flush()
+                comm = meter.totals()
+                row = {**record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
+                       "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
+                       # the step's time: the communication it waited for, and the rest (compute, copies, Python)
+                       "compute_s": elapsed - comm["intra_s"] - comm["inter_s"], "comm_intra_s": comm["intra_s"],
+                       "comm_inter_s": comm["inter_s"], "checkpoint_blocked_s": blocked,
+                       "cpu_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
+                       "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"]}
+                if cuda:
+                    row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
+                if first:
+                    row["fingerprint"] = self.fingerprint
+                    first = False
+                api.log_metrics(step, row)  # every rank: rank 0 writes it; a profiled run may end here
                 if termination.requested(self.ctx.device):
                     self.stop(termination)
                     return False
         finally:
             api.wait_for_checkpoints()  # whatever happened, the save in flight completes (or reports) before exit
             termination.restore()
-            if metrics is not None:
-                metrics.close()
         return True
 
     def stop(self, termination: Termination) -> None:

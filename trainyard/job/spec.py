@@ -15,6 +15,7 @@ from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog
 from trainyard.job.errors import ConfigError
 from trainyard.job.metricdefs import check_metric_definitions
+from trainyard.job.observability import Profiler, TensorBoardOutput
 from trainyard.job.uris import check_s3_uri, check_storage_uri
 
 # SageMaker's rules: channel names are [A-Za-z0-9.-_] up to 64 characters; job names are
@@ -148,6 +149,10 @@ class JobSpec(BaseModel):
     """Seconds without progress on any rank (engine heartbeats) before the job is failed as hung; None: never."""
     capacity_reservation_id: str | None = None
     """EC2: the On-Demand Capacity Reservation or Capacity Block (`cr-...`) the instances launch into."""
+    tensorboard_output_config: TensorBoardOutput | None = None
+    """SageMaker's TensorBoard output: a folder synced to S3 while the job runs (job/observability.py)."""
+    profiler: Profiler | None = None
+    """torch.profiler traces of some steps of some ranks (the `profiler` or `profiler_config` argument)."""
     # SageMaker arguments with an effect (see docs/sdk.md for each backend)
     input_mode: Literal["File", "FastFile"] = "File"
     """The channels' default TrainingInputMode."""
@@ -379,6 +384,14 @@ class JobSpec(BaseModel):
             raise ValueError("max_wait: only with use_spot_instances=True")
         if self.use_spot_instances and (self.max_wait is None or self.max_wait < self.max_run):
             raise ValueError(f"max_wait: spot jobs need max_wait >= max_run ({self.max_run} s), got {self.max_wait}")
+        return self
+
+    @model_validator(mode="after")
+    def _profiled_ranks(self) -> "JobSpec":
+        outside = [r for r in (self.profiler.ranks if self.profiler else ()) if r >= self.world_size]
+        if outside:
+            raise ValueError(f"profiler: rank {outside[0]} is not in the job: it has {self.world_size} process(es), "
+                             f"ranks 0..{self.world_size - 1}")
         return self
 
     @model_validator(mode="after")

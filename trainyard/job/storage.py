@@ -94,23 +94,25 @@ def exists(uri: str, s3=None) -> bool:
     return os.path.exists(_local(uri))
 
 
-def list_files(uri: str) -> list[tuple[str, str, int]]:
-    """Every object under the prefix `uri` as (uri, path relative to the prefix, size), sorted.
+def list_files(uri: str, s3=None) -> list[tuple[str, str, int]]:
+    """Every object under the prefix `uri` as (uri, path relative to the prefix, size), sorted; `s3`: the client
+    for an `s3://` URI (default: `s3_client()`).
 
     A prefix is a folder: `s3://b/data` lists `data/...`, never a sibling `data-old/...`.
     """
     out: list[tuple[str, str, int]] = []
     if uri.startswith("s3://"):
+        s3 = s3 or s3_client()
         bucket, key = split_s3(uri)
         prefix = key.rstrip("/") + "/" if key else ""
-        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         for page in pages:
             for obj in page.get("Contents", []):
                 rel = obj["Key"][len(prefix) :]
                 if rel and not rel.endswith("/"):
                     out.append((f"s3://{bucket}/{obj['Key']}", rel, obj["Size"]))
-        if not out and key and exists(uri):  # the URI names one object
-            size = s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"]
+        if not out and key and exists(uri, s3=s3):  # the URI names one object
+            size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
             out.append((uri, os.path.basename(key), size))
     else:
         path = _local(uri)

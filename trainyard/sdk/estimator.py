@@ -36,6 +36,7 @@ from trainyard.job.uris import check_storage_uri, join
 from trainyard.sdk import packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
+from trainyard.sdk.debugger import profiler_request, tensorboard_output
 from trainyard.sdk.inputs import TrainingInput, to_channels
 from trainyard.sdk.job import LOG_MODES
 from trainyard.sdk.netem import unavailable_reason
@@ -50,9 +51,6 @@ INERT_UNLESS = {
     "output_kms_key": (None,),
     "rules": (None, [], ()),
     "debugger_hook_config": (None, False),
-    "tensorboard_output_config": (None,),
-    "profiler_config": (None,),
-    "disable_profiler": (None, True, False),
     "enable_network_isolation": (None, False),
     "encrypt_inter_container_traffic": (None, False),
     "training_repository_access_mode": (None,),
@@ -131,6 +129,10 @@ class Estimator:
         py_version: str | None = None,
         training_recipe: str | None = None,
         recipe_overrides: dict | None = None,
+        tensorboard_output_config=None,
+        profiler_config=None,
+        disable_profiler: bool = False,
+        profiler: dict | None = None,
         **sagemaker_only,
     ):
         unknown = [k for k in sagemaker_only if k not in INERT_UNLESS]
@@ -151,6 +153,10 @@ class Estimator:
         itype = catalog.lookup(instance_type)
         local = itype.is_local
         inert = [k for k, v in sagemaker_only.items() if not _asks_nothing(v, INERT_UNLESS[k])]
+        tensorboard = tensorboard_output(tensorboard_output_config)
+        profiling = profiler_request(profiler, profiler_config, disable_profiler)
+        if profiling.inert:  # SageMaker's system monitor only
+            inert.append("profiler_config")
         ec2 = dict(image_uri=image_uri, subnets=subnets, security_group_ids=security_group_ids,
                    use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size,
                    capacity_reservation_id=capacity_reservation_id, network=network)
@@ -185,6 +191,7 @@ class Estimator:
             input_mode=input_mode, tags=tags, metric_definitions=metric_definitions,
             enable_sagemaker_metrics=sagemaker_only.get("enable_sagemaker_metrics"),
             container_log_level=container_log_level, inert=tuple(inert),
+            tensorboard_output_config=tensorboard, profiler=profiling.profiler,
             framework={**self._framework, **{k: v for k, (_, v) in self._versions().items() if v},
                        **({"py_version": py_version} if py_version else {})},
             **ec2,
@@ -203,6 +210,10 @@ class Estimator:
                           processes_per_host=self._spec.processes_per_host)
         if kind == "module" and entry == BUILTIN_TRAINER:
             _check_builtin_hyperparameters(self._spec, typed)
+            if tensorboard is not None and local:
+                _check_tensorboard_installed()
+        self.tensorboard_output_config, self.profiler_config = tensorboard_output_config, profiler_config
+        self.disable_profiler = disable_profiler
         self.model_uri, self.model_channel_name = model_uri, model_channel_name
         if model_uri is not None:
             to_channels({model_channel_name: model_uri})  # checked now, staged as a channel by fit()
@@ -210,7 +221,7 @@ class Estimator:
         self.boto_session = boto_session  # EC2 jobs: the boto3 Session of every AWS call (default: boto3's)
         self.latest_training_job = None
         self.inert_arguments = tuple(inert)
-        for note in notes:
+        for note in [*notes, *([profiling.note] if profiling.note else [])]:
             print(f"[trainyard] {note}", file=sys.stderr)
         if inert:
             where = "local jobs" if local else "EC2 jobs"
@@ -256,6 +267,18 @@ class Estimator:
         """The last job's metrics as a table (SageMaker's `TrainingJobAnalytics`)."""
         names = [d["Name"] for d in self._spec.metric_definitions] or None
         return TrainingJobAnalytics(self._require_job().name, metric_names=names)
+
+    def latest_job_tensorboard_artifacts_path(self) -> str | None:
+        """Where the last job's TensorBoard event files are synced: `<s3_output_path>/<job>/tensorboard-output`
+        (None without tensorboard_output_config), as SageMaker's method says."""
+        tb = self._spec.tensorboard_output_config
+        return None if tb is None else tb.uri(self._require_job().name)
+
+    def latest_job_profiler_artifacts_path(self) -> str | None:
+        """Where the last job's profiler traces are synced: `<s3_output_path or output_path>/<job>/profiler-output`
+        (None when no profiler ran)."""
+        prof = self._spec.profiler
+        return None if prof is None else prof.uri(self._spec.output_path, self._require_job().name)
 
     def _require_job(self):
         if self.latest_training_job is None:
@@ -350,6 +373,8 @@ class Estimator:
         est.framework_version = job.spec.framework.get("framework_version")
         est.py_version = job.spec.framework.get("py_version")
         est.inert_arguments = job.spec.inert
+        est.tensorboard_output_config = job.spec.tensorboard_output_config
+        est.profiler_config, est.disable_profiler = None, False
         est.instance_type = job.spec.instance_type
         est.base_job_name = training_job_name
         est.latest_training_job = job
@@ -472,6 +497,19 @@ def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
         reconcile_distribution(cfg, par, spec.world_size)
     except ValueError as e:
         raise ConfigError("distribution", str(e)) from None
+    late = [s for s in (spec.profiler.steps if spec.profiler else ()) if s > cfg.steps]
+    if late:
+        raise ConfigError("profiler", f"step(s) {late} come after the job's last step {cfg.steps} (hyperparameter "
+                                      f"steps): nothing would be profiled; give steps from 1 to {cfg.steps}")
+
+
+def _check_tensorboard_installed() -> None:
+    """A local job runs in this Python environment: without tensorboard its engine could not write the event files
+    (the training image has it; trainyard/engine/components/tensorboard.py checks again in the job)."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("tensorboard_output_config", "the engine writes TensorBoard event files with the tensorboard "
+                                                       "package, which is not installed: pip install "
+                                                       "'trainyard[tensorboard]'")
 
 
 def _default_base_name(entry: str) -> str:

@@ -5,7 +5,9 @@ Read from the job handle only: `describe()` (status, times, `SecondaryStatusTran
 `EstimatedCost`), `metrics()` (the rows that have a `step`: loss, lr, grad_norm, throughput, the step's time
 split, communication per mesh dimension, memory, checkpoint stalls; the first `fingerprint`), the spec
 (instance type and count, distribution) and `log_text()` (the trainer's checkpoint lines). Every section
-is drawn from the data that exists; one whose data is missing says what is missing and why.
+is drawn from the data that exists; one whose data is missing says what is missing and why. A job with a
+profiler also gets a table of its trace files (name, size, where they are), listed from its
+`profiler-output/` prefix in object storage, where every host synced them.
 
 plotly (the `report` extra) draws the plots; plotly.js is inlined once, in the page's head, so the file
 opens without a network.
@@ -21,8 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from trainyard.container.phases import FIRST_STEP
-from trainyard.sdk.cli_output import human_duration, local_time
+from trainyard.job import catalog, storage
+from trainyard.sdk.cli_output import human_duration, human_size, local_time
 from trainyard.sdk.joblog import parse
+from trainyard.sdk.store import LOCAL_CREDENTIALS, ensure_store
 
 INSTALL_HINT = "pip install 'trainyard[report]'"
 PLOT_HEIGHT = 220  # pixels per subplot row: the page is one readable column of plots
@@ -71,6 +75,9 @@ def write_report(job, path: str) -> str:
     p = _Plots(go, make_subplots, steps)
     sections = [p.training(), p.throughput(), p.step_time(), p.communication(), p.memory(),
                 p.checkpoints(_checkpoint_log(job)), p.timeline(desc), _fingerprint(rows), _cost(desc)]
+    traces = _profiler_traces(job)
+    if traces is not None:  # a job without a profiler has none to list
+        sections.append(traces)
     page = _page(job, desc, steps, sections, get_plotlyjs())
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
@@ -375,6 +382,47 @@ def _cost(desc: dict) -> Section:
     s.table = [(k, _cell(cost[k])) for k in order if k in cost] + \
               [(k, _cell(v)) for k, v in cost.items() if k not in order]
     return s
+
+
+def _profiler_traces(job) -> Section | None:
+    """The job's profiler traces, listed from `<s3_output_path or output_path>/<job>/profiler-output/`; None when
+    the job asked for no profiler."""
+    spec = getattr(job, "spec", None)
+    prof = getattr(spec, "profiler", None)
+    if prof is None:
+        return None
+    s = Section("profiler", "Profiler traces")
+    name = getattr(spec, "job_name", None) or job.name
+    prefix = prof.uri(spec.output_path, name)
+    try:
+        files = storage.list_files(prefix, s3=_store_client(spec) if prefix.startswith("s3://") else None)
+    except Exception as e:  # noqa: BLE001 - no credentials, no network, no bucket: said, the rest is drawn
+        s.note = f"could not list {prefix}: {type(e).__name__}: {e}"
+        return s
+    steps = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in prof.runs())
+    ranks = ", ".join(str(r) for r in prof.ranks)
+    if not files:
+        s.note = (f"nothing under {prefix}: the job did not reach step(s) {steps}, or has not uploaded the traces "
+                  "yet (each host syncs them while it runs and when it ends)")
+        return s
+    s.table = [(rel, f"{human_size(size)}, {uri}") for uri, rel, size in files]
+    s.note = (f"Steps {steps} of rank(s) {ranks}. Open a .pt.trace.json in Perfetto (ui.perfetto.dev) or "
+              "chrome://tracing, a .memory.pickle (CUDA) at pytorch.org/memory_viz.")
+    return s
+
+
+def _store_client(spec):
+    """The S3 client that reaches a job's objects: the embedded store's for a local job when no endpoint is
+    configured (as the job had), else boto3's default (AWS_ENDPOINT_URL or real S3)."""
+    if not catalog.lookup(spec.instance_type).is_local or os.environ.get("AWS_ENDPOINT_URL"):
+        return None
+    endpoint = ensure_store()
+    if not endpoint.embedded:
+        return None
+    import boto3  # lazily: the SDK's import path stays free of boto3
+
+    return boto3.client("s3", endpoint_url=endpoint.url, region_name="us-east-1",
+                        **{k.lower(): v for k, v in LOCAL_CREDENTIALS.items()})
 
 
 def _summary(steps: list[dict]) -> str:

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from trainyard.container.failure import first_cause, retry_class
+from trainyard.container.failure import cause_rank, first_cause, retry_class
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
@@ -46,6 +46,8 @@ POLL_S = float(os.environ.get("TRAINYARD_CONTROLLER_POLL_S", "5"))
 PHASES = progress.NODE_PHASES
 GONE = ("shutting-down", "terminated", "stopping", "stopped")
 INTERRUPT_GRACE_S = 150  # a spot notice comes two minutes before the instance is reclaimed
+# a host failed with an echo (or a hang it only waits in): how long the others get to report the cause
+ECHO_SETTLE_S = 20.0
 
 
 def _log(msg: str) -> None:
@@ -159,6 +161,7 @@ class Controller:
         spec, attempt = self.spec, self.runtime.get("attempt", 1)
         started = time.monotonic()
         training_started: float | None = None
+        failed_at: float | None = None  # when a host of this attempt first reported a failure
         outcome, reason = "Failed", ""
         try:
             while True:
@@ -173,6 +176,11 @@ class Controller:
                 failed = [d for d in docs.values() if d and d["phase"] == "Failed"]
                 if failed:
                     reason = first_cause([d.get("failure_reason") or f"{d['host']} failed" for d in failed])
+                    failed_at = failed_at or time.monotonic()
+                    if (cause_rank(reason) > 1 and len(failed) < len(docs)
+                            and time.monotonic() - failed_at < ECHO_SETTLE_S):
+                        time.sleep(POLL_S)  # an echo, or a hang seen from a host that only waits: the host
+                        continue            # that holds the cause may report it in a moment
                     if reason.startswith("MaxRuntimeExceeded"):  # the node's own guard fired first
                         outcome = "MaxRuntimeExceeded"
                         break
@@ -183,7 +191,7 @@ class Controller:
                         if cls is None and spec.max_retry_attempts:
                             _log(f"attempt {attempt} failed with an error a retry does not cure: not retried")
                         break
-                    attempt += 1
+                    attempt, failed_at = attempt + 1, None
                     continue
                 least = min(phases, key=PHASES.index) if all(p in PHASES for p in phases) else "Starting"
                 self.follow(docs)
