@@ -23,6 +23,8 @@ GROUP_NAME = "homogeneousCluster"  # SageMaker's instance group name for single-
 FRAMEWORK_MODULE = "trainyard.container.driver:main"
 CONFIG_DIR = "input/config"
 JOB_FILE = f"{CONFIG_DIR}/trainyard.json"  # Trainyard's own file: the spec and launch facts
+# "sagemaker" when SageMaker runs the container (container/sagemaker.py): it stages, syncs and uploads itself
+PLATFORM_ENV = "TRAINYARD_PLATFORM"
 DIRS = (
     "input/config", "input/data", "model", "output/data", "output/intermediate", "code", "checkpoints",
 )

@@ -48,7 +48,7 @@ from trainyard.job import storage
 from trainyard.job.jsonio import write_json
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import CheckpointSync
-from trainyard.container.contract import JOB_FILE, render_contract, under_root, user_args
+from trainyard.container.contract import JOB_FILE, PLATFORM_ENV, render_contract, under_root, user_args
 from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
 from trainyard.container.failure import RankFailure, root_cause, tail
 from trainyard.container.hang import HANG_WATCH_ENV, HostHangWatch, heartbeat_dir
@@ -230,7 +230,8 @@ def start_syncs(spec: JobSpec, root: str, env: dict, say, syncs: list[FolderSync
     def interval(name: str) -> float:
         return float(env.get(name) or DEFAULT_INTERVAL_S)
 
-    if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER:
+    on_sagemaker = env.get(PLATFORM_ENV) == "sagemaker"  # SageMaker syncs the checkpoint and TensorBoard folders
+    if spec.checkpoint_s3_uri and spec.entry_point != BUILTIN_TRAINER and not on_sagemaker:
         sync = CheckpointSync(env["SM_CHECKPOINT_DIR"], spec.checkpoint_s3_uri, interval=interval(CHECKPOINT_SYNC_ENV),
                               say=say)
         restored = sync.restore()
@@ -238,7 +239,7 @@ def start_syncs(spec: JobSpec, root: str, env: dict, say, syncs: list[FolderSync
             say(f"restored {restored} checkpoint file(s) from {spec.checkpoint_s3_uri}")
         syncs.append(sync.start())
     tb = spec.tensorboard_output_config
-    if tb is not None:
+    if tb is not None and not on_sagemaker:
         syncs.append(FolderSync(under_root(tb.container_local_output_path, root), tb.uri(spec.job_name),
                                 interval=interval(OUTPUT_SYNC_ENV), settle=False, say=say, what="tensorboard").start())
     prof = spec.profiler
@@ -386,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(f"{root}/output/failure") as fh:
             reason = fh.read(1024)
         _say(host, "FAILED: " + (reason.splitlines() or [""])[0])
-    if index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
+    if index == 0 and os.environ.get(PLATFORM_ENV) == "sagemaker":
+        _say(host, "SageMaker uploads /opt/ml/model and /opt/ml/output/data")
+    elif index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
         try:
             _say(host, "uploading model and output data")
             with phases.timed("upload"):

@@ -143,6 +143,8 @@ class JobSpec(BaseModel):
     """Spot: seconds to wait for capacity and training together (>= max_run)."""
     max_retry_attempts: int = 0
     """Spot: how many times an interrupted job comes back on new capacity."""
+    backend: Literal["local", "ec2", "sagemaker"] | None = None
+    """Where the job runs; None: by the instance type (`local`/`local_gpu` here, the others on EC2)."""
     elastic: Elastic | None = None
     """With retries: a job that loses a host for good goes on with fewer (down to min_instance_count)."""
     hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
@@ -341,6 +343,14 @@ class JobSpec(BaseModel):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
             raise ValueError(f"must be a number of seconds > 0 (or None to turn hang detection off), got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _backend(self) -> "JobSpec":
+        local = catalog.lookup(self.instance_type).is_local
+        if self.backend is not None and (self.backend == "local") != local:
+            want = "'local' or 'local_gpu'" if self.backend == "local" else "an ml.* type such as 'ml.p4d.24xlarge'"
+            raise ValueError(f"backend: {self.backend!r} runs {want}, not instance_type {self.instance_type!r}")
+        return self
 
     @model_validator(mode="after")
     def _elastic(self) -> "JobSpec":

@@ -79,6 +79,15 @@ def get_file(uri: str, local_path: str) -> None:
         shutil.copyfile(_local(uri), local_path)
 
 
+def get_bytes(uri: str) -> bytes:
+    """The whole object (`s3://`) or file (`file://`) at `uri`."""
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    with open(_local(uri), "rb") as fh:
+        return fh.read()
+
+
 def exists(uri: str, s3=None) -> bool:
     if uri.startswith("s3://"):
         from botocore.exceptions import ClientError

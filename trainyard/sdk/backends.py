@@ -1,6 +1,6 @@
 """The one backend protocol: `fit()` has a single path for every place a job can run.
 
-    backend = backend_for(spec, session)   # by instance type: local (and local_gpu), EC2
+    backend = backend_for(spec, session)   # spec.backend, else by instance type: local (and local_gpu), EC2
     backend.check(spec)                    # cheap checks that need no service: raise ConfigError
     plan = backend.plan(spec)              # read-only checks against the services; what would be created
     job = backend.launch(spec, plan, upload_code)   # uploads the code, creates, starts -> TrainingJob
@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 from trainyard.job import catalog
 from trainyard.job.spec import JobSpec
 from trainyard.sdk.aws.backend import Ec2Backend
+from trainyard.sdk.aws.sm_backend import SageMakerBackend
 from trainyard.sdk.job import TrainingJob
 from trainyard.sdk.jobstate import job_dir, read_json
 from trainyard.sdk.local import LocalBackend
@@ -41,12 +42,12 @@ class Backend(Protocol):
     def launch(self, spec: JobSpec, plan: Plan, upload_code: Callable[..., str | None]) -> TrainingJob: ...
 
 
-BACKENDS: dict[str, type] = {"local": LocalBackend, "ec2": Ec2Backend}
+BACKENDS: dict[str, type] = {"local": LocalBackend, "ec2": Ec2Backend, "sagemaker": SageMakerBackend}
 
 
 def backend_for(spec: JobSpec, session=None) -> Backend:
-    """The backend of a spec's instance type: `local`/`local_gpu` run here, the rest on EC2."""
-    name = "local" if catalog.lookup(spec.instance_type).is_local else "ec2"
+    """The spec's `backend`, else by its instance type: `local`/`local_gpu` run here, the rest on EC2."""
+    name = spec.backend or ("local" if catalog.lookup(spec.instance_type).is_local else "ec2")
     return BACKENDS[name](session=session)
 
 
