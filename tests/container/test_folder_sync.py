@@ -5,17 +5,10 @@ import time
 
 import boto3
 
+from tests.container.test_ckpt_sync import _keys
 from trainyard.container.driver import OUTPUT_SYNC_ENV, start_syncs, stop_syncs
 from trainyard.container.folder_sync import FolderSync
 from trainyard.job.spec import build_spec
-
-
-def _keys(bucket: str, prefix: str) -> dict[str, bytes]:
-    s3 = boto3.client("s3")
-    out = {}
-    for obj in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
-        out[obj["Key"]] = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-    return out
 
 
 def _eventually(predicate, timeout: float) -> None:

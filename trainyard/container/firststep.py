@@ -20,9 +20,9 @@ from __future__ import annotations
 import glob
 import os
 import re
-import threading
 from collections.abc import Callable, Iterable
 
+from trainyard.container.polling import PollThread
 from trainyard.job.jsonio import now_iso
 
 POLL_S = 0.25  # how late the first step's end may be recorded, at most
@@ -36,35 +36,24 @@ def rank_logs(log_dir: str) -> str:
     return os.path.join(log_dir, "*", "attempt_*", "*", "std*.log")
 
 
-class FirstStepWatch:
+class FirstStepWatch(PollThread):
     """Calls `on_seen(time)` once, from its thread, when the first step shows; `stop()` ends the watch."""
 
     def __init__(self, metrics_file: str, rank_log_glob: str, regexes: Iterable[str],
                  on_seen: Callable[[str], None], poll: float = POLL_S, marker: str | None = None):
-        self.metrics_file, self.rank_log_glob, self.on_seen, self.poll = metrics_file, rank_log_glob, on_seen, poll
+        self.metrics_file, self.rank_log_glob, self.on_seen = metrics_file, rank_log_glob, on_seen
         self.marker = marker
         self.patterns = [STEP_LINE, *(re.compile(r) for r in regexes)]
         # rows written before this run (a resumed job appends to the same file) are not its first step
         self.offsets = {metrics_file: _size(metrics_file)}
         self.seen = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="first-step", daemon=True)
+        super().__init__("first-step", poll)
 
-    def start(self) -> "FirstStepWatch":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self.check():
-                self.seen = True
-                self.on_seen(now_iso())
-                return
-            self._stop.wait(self.poll)
+    def look(self) -> bool:
+        if self.check():
+            self.seen = True
+            self.on_seen(now_iso())
+        return self.seen
 
     def check(self) -> bool:
         """One look: is there a first step now?"""

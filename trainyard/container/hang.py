@@ -21,10 +21,10 @@ import glob
 import json
 import os
 import signal
-import threading
 import time
 from dataclasses import asdict, dataclass
 
+from trainyard.container.polling import PollThread
 from trainyard.job.jsonio import write_json
 
 STALE_S = 5.0  # a heartbeat older than this: the process does not run (its writer thread writes every 1 s)
@@ -193,30 +193,20 @@ def respond(beats: list[Beat], stack_file, report: str, say) -> str:
     return reason
 
 
-class HostHangWatch:
+class HostHangWatch(PollThread):
     """The hang watch of one host, in its driver, on a thread: where no process sees every host (EC2), each
     driver watches its own ranks; `reason` is the diagnosis once it fired. Its view is the host's: a host
     whose ranks only wait names no frozen rank, and the controller prefers the host that does."""
 
     def __init__(self, folder: str, timeout_s: float, say, poll: float = 1.0):
-        self.folder, self.say, self.poll = folder, say, poll
+        super().__init__("hang-watch", poll)
+        self.folder, self.say = folder, say
         self.watch = HangWatch(os.path.join(folder, "rank-*.json"), timeout_s)
         self.reason = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hang-watch", daemon=True)
 
-    def start(self) -> "HostHangWatch":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll):
-            beats = self.watch.check(time.time())
-            if beats:
-                self.reason = respond(beats, lambda b: os.path.join(self.folder, f"stack-rank-{b.rank}.txt"),
-                                      os.path.join(self.folder, "hang.json"), self.say)
-                return
+    def look(self) -> bool:
+        beats = self.watch.check(time.time())
+        if beats:
+            self.reason = respond(beats, lambda b: os.path.join(self.folder, f"stack-rank-{b.rank}.txt"),
+                                  os.path.join(self.folder, "hang.json"), self.say)
+        return bool(beats)
