@@ -3,7 +3,6 @@ driver mirrors for a job: the TensorBoard folder (event files growing every step
 import os
 import time
 
-
 from tests.container.test_ckpt_sync import _keys
 from trainyard.container.driver import OUTPUT_SYNC_ENV, start_syncs, stop_syncs
 from trainyard.container.folder_sync import FolderSync
