@@ -125,7 +125,7 @@ class Progress:
             except ValueError:
                 continue
             if isinstance(row.get("step"), int):
-                self._at(row["step"])
+                self.step = row["step"]  # the latest row's: a restarted job goes back to its checkpoint
             if isinstance(row.get("step_time_s"), (int, float)):
                 self.step_times = [*self.step_times[-RATE_WINDOW:], float(row["step_time_s"])]
             for key in ("loss", "tokens_per_s", "mfu"):
