@@ -57,5 +57,8 @@ def test_trainyard_logs_tells_one_time_ordered_story_without_harmless_torch_note
         assert not hits, (h.message, hits[:2])
     assert "Warning:" not in text, [m for m in said if "Warning:" in m][:3]
 
-    assert _cli("logs", "--follow", job.name) == text  # -f of an ended job: the same story, then it returns
+    # -f of an ended job: the same story and the job's last progress line, then it returns
+    followed = _cli("logs", "--follow", job.name)
+    assert followed.startswith(text) and re.fullmatch(r"\[progress\] Completed \| step 3/3 \| loss [0-9.]+ \| .*\n",
+                                                      followed[len(text):]), followed[len(text):]
     assert_no_processes_left(job)

@@ -183,7 +183,7 @@ def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: P
     os.environ[HEARTBEAT_ENV] = beats
     # NCCL jobs: torch's flight recorder keeps the last collectives of each rank and dumps them next to the
     # heartbeats when NCCL's watchdog times out (no effect with gloo)
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(beats, "nccl_trace_rank_"))
     watch = FirstStepWatch(metrics_file, rank_logs(log_dir), regexes, lambda t: phases.end(FIRST_STEP, t),

@@ -180,7 +180,7 @@ class Follow:
         self.mode = mode(self.stream)
         self.show_lines = show_lines
         self.live: Live | None = None
-        self.last_plain = (None, 0.0)  # (phase, when) of the last plain progress line
+        self.last_plain = (None, 0.0, "")  # (phase, when, text) of the last plain progress line
         self.last: Snapshot | None = None
 
     def __enter__(self) -> "Follow":
@@ -218,11 +218,12 @@ class Follow:
         if self.live is not None:
             self.live.update(Text(snap.text(), style="bold"), refresh=force)
             return
-        phase, when = self.last_plain
-        now = time.monotonic()
-        if force or snap.phase != phase or (snap.phase == "Training" and now - when >= PLAIN_EVERY_S):
-            print(f"[progress] {snap.text()}", file=self.stream, flush=True)
-            self.last_plain = (snap.phase, now)
+        phase, when, said = self.last_plain
+        now, line = time.monotonic(), f"[progress] {snap.text()}"
+        due = force or snap.phase != phase or (snap.phase == "Training" and now - when >= PLAIN_EVERY_S)
+        if due and line != said:  # the same line twice says nothing new (a job that had ended already)
+            print(line, file=self.stream, flush=True)
+            self.last_plain = (snap.phase, now, line)
 
 
 class Transfer:
