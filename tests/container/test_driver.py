@@ -52,6 +52,11 @@ def test_root_cause_prefers_the_cause_over_its_echoes():
     assert root_cause([oom, echo]) is oom
     # when every failure looks like an echo, one that ended on its own beats one torchrun terminated
     assert root_cause([terminated_peer, echo]) is echo
+    # a rank that raised its own error and was still exiting (its atexit waiting on a peer) when torchrun's
+    # SIGTERM came is the cause, not the peer that saw the connection close
+    raised = _f(rank=2, exitcode=-15, signal="SIGTERM", time=9.9,
+                last_lines="[rank2]: Traceback (most recent call last):\n[rank2]: ValueError: boom on rank 2")
+    assert not raised.is_echo and root_cause([echo, raised]) is raised
 
 
 def test_reason_names_host_rank_code_signal_and_fits_the_limit():

@@ -19,6 +19,10 @@ _ECHO = re.compile(
 )
 
 
+# the last line of a Python traceback: `ValueError: boom`, as torchrun's prefix may put it (`[rank2]: ...`)
+_OWN_ERROR = re.compile(r"^(?:\[rank\d+\]: )?\w+(?:\.\w+)*(?:Error|Exception|Interrupt|Exit)\b.*$", re.MULTILINE)
+
+
 @dataclass(kw_only=True, slots=True)
 class RankFailure:
     host: str
@@ -33,8 +37,11 @@ class RankFailure:
 
     @property
     def is_echo(self) -> bool:
-        # SIGTERM is how torchrun ends a failed rank's peers; SIGKILL (say, the OOM killer) is a cause
-        return self.signal == "SIGTERM" or bool(_ECHO.search(self.last_lines))
+        # SIGTERM is how torchrun ends a failed rank's peers; SIGKILL (say, the OOM killer) is a cause. A rank
+        # whose traceback is its own error was ending already when torchrun's SIGTERM came: a cause too
+        if _ECHO.search(self.last_lines):
+            return True
+        return self.signal == "SIGTERM" and not _OWN_ERROR.search(self.last_lines)
 
     def reason(self) -> str:
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
