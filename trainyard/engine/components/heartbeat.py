@@ -72,7 +72,8 @@ def _waited_class():
     return Waited
 
 
-_Waited = None
+_Waited = None  # the class, made by start() (it needs torch)
+
 
 def _tracked(name: str, fn):
     @functools.wraps(fn)
@@ -100,13 +101,22 @@ def _write(path: str, rank: int, host: str) -> None:
     os.replace(tmp, path)
 
 
+def _try_write(path: str, rank: int, host: str) -> None:
+    try:
+        _write(path, rank, host)
+    except OSError:
+        pass  # the folder went away (the job is ending), or its disk is full: nothing to report to
+
+
 def _beat(path: str, rank: int, host: str) -> None:
     while True:
-        try:
-            _write(path, rank, host)
-        except OSError:
-            pass  # the folder went away (the job is ending): nothing to report to
+        _try_write(path, rank, host)
         time.sleep(INTERVAL_S)
+
+
+def _exited(path: str, rank: int, host: str) -> None:
+    set_phase("exited")
+    _try_write(path, rank, host)
 
 
 def start(env: dict | None = None) -> bool:
@@ -132,7 +142,7 @@ def start(env: dict | None = None) -> bool:
     host = env.get("SM_CURRENT_HOST") or "algo-1"
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rank-{rank}.json")
-    atexit.register(lambda: (set_phase("exited"), _write(path, rank, host)))
+    atexit.register(_exited, path, rank, host)
     threading.Thread(target=_beat, args=(path, rank, host), name="trainyard-heartbeat", daemon=True).start()
     _started = True
     return True
