@@ -80,7 +80,7 @@ def test_failure_file_never_overwrites_the_users(tmp_path):
 def test_retry_class_of_a_failure_reason():
     from trainyard.container.failure import retry_class
 
-    assert retry_class("Hang: rank 3 (algo-2) stopped (SIGSTOP) in backward at step 41") == "hang"
+    assert retry_class("Hang: rank 3 (algo-2) stopped in backward at step 41 (SIGSTOP)") == "hang"
     assert retry_class(_f(exitcode=-9, signal="SIGKILL", last_lines="").reason()) == "killed process"
     assert retry_class("algo-2: the driver exited with status -9 and no report") == "lost host"
     echo = _f(last_lines="RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.18.0.2]:1")
@@ -117,8 +117,8 @@ def test_first_cause_among_the_hosts_reasons():
     from trainyard.container.failure import first_cause
 
     echo = "algo-1 rank 0 (local rank 0) exited with code 1:\nRuntimeError: Connection closed by peer [10.0.0.2]:1"
-    waiting = "Hang: rank 0 (algo-1) is behind (last in all_reduce #9) in backward at step 4; rank 1 waits in x #9"
-    frozen = "Hang: rank 3 (algo-2) stopped (SIGSTOP) in backward at step 4; rank 2 waits in all_gather #10"
+    waiting = "Hang: rank 0 (algo-1) is behind in backward at step 4 (last in all_reduce #9); rank 1 waits in x #9"
+    frozen = "Hang: rank 3 (algo-2) stopped in backward at step 4 (SIGSTOP); rank 2 waits in all_gather #10"
     cause = "algo-2 rank 3 (local rank 1) exited with code 1:\nValueError: boom"
     assert first_cause([echo, waiting, frozen]) == frozen
     assert first_cause([echo, waiting]) == waiting and first_cause([echo, cause, frozen]) == cause

@@ -22,7 +22,7 @@ def test_a_stopped_rank_is_the_culprit_and_the_others_wait_for_it():
     states = {1000: "S", 1001: "S", 1002: "S", 1003: "T"}
     reason, culprits = diagnose(beats, now=101.0, states=states)
     assert culprits == [3]
-    assert reason == ("Hang: rank 3 (algo-2) stopped (SIGSTOP) in backward at step 41; "
+    assert reason == ("Hang: rank 3 (algo-2) stopped in backward at step 41 (SIGSTOP); "
                       "ranks 0-2 wait in all_gather_into_tensor #5123")
 
 
@@ -33,14 +33,14 @@ def test_a_rank_outside_the_collective_is_the_culprit_with_its_stack_top():
              '  File "/code/train.py", line 90 in main\n')
     reason, culprits = diagnose(beats, now=100.5, states={}, stacks={1: stack})
     assert culprits == [1]
-    assert reason == ("Hang: rank 1 (algo-1) is outside any collective in forward at step 41 [train.py:52 in forward]; "
+    assert reason == ("Hang: rank 1 (algo-1) is outside any collective in forward at step 41 (train.py:52 in forward); "
                       "ranks 0,2 wait in all_gather_into_tensor #5123")
 
 
 def test_the_lowest_collective_number_is_behind():
     beats = [_beat(0, seq=10), _beat(1, seq=9, collective="all_reduce"), _beat(2, seq=10)]
     reason, culprits = diagnose(beats, now=100.0, states={})
-    assert culprits == [1] and reason.startswith("Hang: rank 1 (algo-1) is behind (last in all_reduce #9)")
+    assert culprits == [1] and reason.startswith("Hang: rank 1 (algo-1) is behind in backward at step 41 (last in all_reduce #9)")
 
 
 def test_ranks_text_and_stack_top():
@@ -124,7 +124,8 @@ def test_host_watch_of_a_driver_fires_once_and_ends_the_hung_ranks(tmp_path):
         while not watch.reason and time.monotonic() < deadline:
             time.sleep(0.1)
         watch.stop()
-        assert watch.reason.startswith("Hang: rank 3 (algo-2) stopped responding"), watch.reason
+        assert watch.reason.startswith("Hang: rank 3 (algo-2) stopped in forward at step 41 (no heartbeat for"), \
+            watch.reason
         assert "rank 2 waits in all_gather_into_tensor #5123" in watch.reason and said[0] == watch.reason
         report = json.loads((tmp_path / "hang.json").read_text())
         assert report["culprits"] == [3] and len(report["beats"]) == 2

@@ -46,7 +46,7 @@ def test_a_stopped_rank_is_named_and_the_job_fails():
     reason = str(e.value)
     with open(f"{job.dir}/hang.json") as fh:
         report = json.load(fh)
-    assert re.search(r"Hang: rank 3 \(algo-2\) stopped \(SIGSTOP\) in \w+ at step \d+; ranks? [0-9,-]+ waits? in \w+ #\d+",
+    assert re.search(r"Hang: rank 3 \(algo-2\) stopped in \w+ at step \d+ \(SIGSTOP[^)]*\); ranks? [0-9,-]+ waits? in \w+ #\d+",
                      reason), (reason, report["beats"], report["stacks"])
     assert job.describe()["FailureReason"].startswith("Hang: rank 3 (algo-2)")
     assert ended < HANG_TIMEOUT_S + 30, ended

@@ -13,7 +13,7 @@ process is gone are not counted (a crash is the launcher's to report, not a hang
 
 The reason reads as SageMaker's FailureReason does, one line first:
 
-    Hang: rank 3 (algo-2) stopped (SIGSTOP) in backward at step 41; ranks 0-2 wait in all_gather_into_tensor #5123
+    Hang: rank 3 (algo-2) stopped in backward at step 41 (SIGSTOP); ranks 0-2 wait in all_gather_into_tensor #5123
 """
 from __future__ import annotations
 
@@ -122,13 +122,13 @@ def diagnose(beats: list[Beat], now: float, states: dict[int, str] | None = None
     parts = []
     for b in culprits:
         state = states.get(b.pid, "")
-        how = ("stopped (SIGSTOP)" if state == "T" else "stopped (traced)" if state == "t"
-               else f"stopped responding (no heartbeat for {now - b.time:.0f} s)" if b in frozen
-               else "is outside any collective" if b not in waiting and waiting
-               else f"is behind (last in {b.collective} #{b.seq})")
+        how, why = (("stopped", "SIGSTOP") if state == "T" else ("stopped", "traced") if state == "t"
+                    else ("stopped", f"no heartbeat for {now - b.time:.0f} s") if b in frozen
+                    else ("is outside any collective", "") if b not in waiting and waiting
+                    else ("is behind", f"last in {b.collective} #{b.seq}"))
         at = f" at step {b.step}" if b.step is not None else ""
-        top = stack_top(stacks.get(b.rank, ""))
-        parts.append(f"rank {b.rank} ({b.host}) {how} in {b.phase}{at}" + (f" [{top}]" if top else ""))
+        notes = [n for n in (why, stack_top(stacks.get(b.rank, ""))) if n]
+        parts.append(f"rank {b.rank} ({b.host}) {how} in {b.phase}{at}" + (f" ({'; '.join(notes)})" if notes else ""))
     groups: dict[tuple, list[int]] = {}
     for b in beats:
         if b not in culprits and b.waiting:
