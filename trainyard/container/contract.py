@@ -25,6 +25,9 @@ CONFIG_DIR = "input/config"
 JOB_FILE = f"{CONFIG_DIR}/trainyard.json"  # Trainyard's own file: the spec and launch facts
 # "sagemaker" when SageMaker runs the container (container/sagemaker.py): it stages, syncs and uploads itself
 PLATFORM_ENV = "TRAINYARD_PLATFORM"
+# on SageMaker: where the SageMaker backend put the job's spec (sdk/aws/sm_backend.py, container/sagemaker.py)
+SPEC_URI_ENV = "TRAINYARD_SPEC_URI"
+DISTRIBUTION_ENV = "TRAINYARD_DISTRIBUTION"  # the engine's layout (engine/api.py reads it)
 DIRS = (
     "input/config", "input/data", "model", "output/data", "output/intermediate", "code", "checkpoints",
 )
@@ -207,7 +210,7 @@ def render_contract(
             "SM_TRAINING_ENV": json.dumps(training_env),
             "TRAINING_JOB_NAME": spec.job_name,
             # the typed distribution, read by trainyard.engine (ignored by other scripts)
-            "TRAINYARD_DISTRIBUTION": json.dumps(normalize(spec.distribution, world_size=spec.world_size,
+            DISTRIBUTION_ENV: json.dumps(normalize(spec.distribution, world_size=spec.world_size,
                                                            processes_per_host=spec.processes_per_host)),
         }
     )

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-FAILURE_REASON_LIMIT = 1024  # SageMaker keeps the first 1024 characters of /opt/ml/output/failure
+FAILURE_REASON_LIMIT = 1024
+# a host failed with an echo: how long the others get to report the cause (the supervisor, the EC2 controller)
+ECHO_SETTLE_S = 20.0  # SageMaker keeps the first 1024 characters of /opt/ml/output/failure
 LAST_LINES = 20
 
 _ECHO = re.compile(

@@ -19,13 +19,12 @@ import os
 import sys
 
 from trainyard.container import driver
-from trainyard.container.contract import CONFIG_DIR, JOB_FILE, PLATFORM_ENV
+from trainyard.container.contract import CONFIG_DIR, JOB_FILE, PLATFORM_ENV, SPEC_URI_ENV
 from trainyard.container.hang import HANG_WATCH_ENV
 from trainyard.job import storage
 from trainyard.job.jsonio import write_json
 from trainyard.job.spec import JobSpec
 
-SPEC_URI_ENV = "TRAINYARD_SPEC_URI"
 MASTER_PORT = 7777  # SageMaker's containers talk freely inside the job's network
 
 

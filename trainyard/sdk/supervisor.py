@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
-from trainyard.container.failure import FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
+from trainyard.container.failure import ECHO_SETTLE_S, FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
 from trainyard.container.hang import HangWatch, respond
 from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
@@ -42,9 +42,6 @@ from trainyard.sdk.store import healthy
 
 POLL_S = 0.1
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
-# ... and how long they get while every failure reported is an echo (a peer's collective error): the
-# host whose rank caused it may still be ending its other ranks and writing its report
-ECHO_SETTLE_S = 20.0
 STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: time for torchrun to stop its workers and algo-1 to upload
 LOG_DRAIN_S = 10.0  # after the last process ended, how long the log pumps get to write what they read
 STORE_PING_S = 60.0  # keeps the embedded store from idling out while the job runs

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from trainyard.container.failure import cause_rank, first_cause, retry_class
+from trainyard.container.failure import ECHO_SETTLE_S, cause_rank, first_cause, retry_class
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
@@ -46,8 +46,6 @@ POLL_S = float(os.environ.get("TRAINYARD_CONTROLLER_POLL_S", "5"))
 PHASES = progress.NODE_PHASES
 GONE = ("shutting-down", "terminated", "stopping", "stopped")
 INTERRUPT_GRACE_S = 150  # a spot notice comes two minutes before the instance is reclaimed
-# a host failed with an echo (or a hang it only waits in): how long the others get to report the cause
-ECHO_SETTLE_S = 20.0
 
 
 def _log(msg: str) -> None:

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from trainyard.container.contract import hp_json
+from trainyard.container.contract import DISTRIBUTION_ENV, SPEC_URI_ENV, hp_json
 from trainyard.job import catalog
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec
@@ -34,8 +34,6 @@ MAX_HP_VALUE = 2500
 MAX_ENV_ENTRIES = 100
 MAX_ENV_VALUE = 512
 MAX_TAGS = 50
-SPEC_URI_ENV = "TRAINYARD_SPEC_URI"
-DISTRIBUTION_ENV = "TRAINYARD_DISTRIBUTION"
 
 
 def ml_instance_type(instance_type: str) -> str:
