@@ -20,7 +20,8 @@ above what was allocated before it (the inputs, and for the head a preallocated 
 gradient accumulation, for every implementation alike); the backward's output gradient is preallocated too.
 GPU: torch.cuda.max_memory_allocated. CPU: the running sum of the profiler's allocator events
 (`profile_memory=True`; torch's CPU allocations are invisible to tracemalloc, and RSS depends on glibc's
-arenas and on touched pages), exact and deterministic.
+arenas and on touched pages), exact and deterministic. Max rel err (GPU): the largest difference of the output
+or an input gradient from eager's, relative to the largest magnitude of that tensor of eager's.
 
 On a CPU only the memory columns mean something: the timing columns need a GPU (the Triton kernels do not
 run on CPU outside the interpreter, and CPU matmul times say nothing of cuBLAS). There the bench runs
@@ -236,10 +237,35 @@ def measure(case: Case, fn, inputs, grads, repeats: int) -> dict:
     return {"ms": statistics.median(times), "peak_mb": peak / 1e6}
 
 
+def outputs(case: Case, fn, inputs, grads) -> list[torch.Tensor]:
+    """One forward + backward's output and input gradients, in float32, to compare with eager's."""
+    reset_grads(case, inputs)
+    out = fn(*inputs)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    torch.autograd.backward(outs, [g for g in grads] if grads[0] is not None else None)
+    return [o.detach().float() for o in outs] + [t.grad.detach().float() for t in inputs if t.requires_grad]
+
+
+def max_error(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    """The largest |got - ref| of any output or gradient, relative to that tensor's largest |ref|."""
+    return max(float((g - r).abs().max() / r.abs().max().clamp_min(1e-30)) for g, r in zip(got, ref))
+
+
+def fresh(pristine: list) -> list:
+    """Copies of a case's inputs or output gradients, for one implementation: one that writes its gradients into
+    memory it was given (Liger's SwiGLU backward into its inputs, its RMSNorm backward into the output gradient)
+    must not change what the next one, or its own error check, is given."""
+    return [t if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in pristine]
+
+
 def run_case(case: Case, repeats: int, say) -> list[dict]:
     rows = []
-    inputs, grads = case.make()
+    pristine, pristine_grads = case.make()
+    ref = None
     for impl, fn in case.impls.items():
+        if ref is None and torch.cuda.is_available():
+            ref = outputs(case, case.impls["eager"], fresh(pristine), fresh(pristine_grads))
+        inputs, grads = fresh(pristine), fresh(pristine_grads)
         row = {"op": case.op, "shape": case.shape, "impl": impl}
         if isinstance(fn, str):
             row["note"] = fn
@@ -247,6 +273,8 @@ def run_case(case: Case, repeats: int, say) -> list[dict]:
             row["note"] = "CPU: the op's eager reference (its Triton kernel needs a GPU)"
         if not isinstance(fn, str):
             try:
+                if ref is not None:
+                    row["max_rel_err"] = max_error(outputs(case, fn, fresh(pristine), fresh(pristine_grads)), ref)
                 row.update(measure(case, fn, inputs, grads, repeats))
             except Exception as e:  # one implementation failing must not hide the others' rows
                 row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -255,7 +283,7 @@ def run_case(case: Case, repeats: int, say) -> list[dict]:
             row["vs_eager"] = row["peak_mb"] / eager
         rows.append(row)
         say(row)
-    del inputs, grads
+    del inputs, grads, pristine, pristine_grads, ref
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return rows
@@ -281,7 +309,8 @@ def fmt(row: dict) -> str:
         f"{row['ms']:.2f}" if row.get("ms") is not None else "-"
     mb = f"{row['peak_mb']:,.0f}" if "peak_mb" in row else "-"
     vs = f"{row['vs_eager']:.3f}" if "vs_eager" in row else "-"
-    return f"| {row['op']} | {row['shape']} | {row['impl']} | {ms} | {mb} | {vs} | {row.get('note', '')} |"
+    err = f"{row['max_rel_err']:.1e}" if "max_rel_err" in row else "-"
+    return f"| {row['op']} | {row['shape']} | {row['impl']} | {ms} | {mb} | {vs} | {err} | {row.get('note', '')} |"
 
 
 def main() -> int:
@@ -294,8 +323,8 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     t0 = time.time()
-    header = "| op | shape | impl | fwd+bwd ms | extra peak MB | vs eager | note |"
-    print(header + "\n|" + " --- |" * 7, flush=True)
+    header = "| op | shape | impl | fwd+bwd ms | extra peak MB | vs eager | max rel err (GPU) | note |"
+    print(header + "\n|" + " --- |" * 8, flush=True)
     rows = []
     for case in cases(device, not a.no_compile):
         rows += run_case(case, a.repeats, lambda r: print(fmt(r), flush=True))

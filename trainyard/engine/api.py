@@ -184,14 +184,16 @@ def _layout(model: nn.Module) -> Parallelized:
 
 def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None, tp_plan: dict | None = None,
               activation_checkpointing: str | None = None, mixed_precision: str | torch.dtype | None = None,
-              kernels=None, init: Callable[[nn.Module], None] | None = None, seed: int = 0) -> nn.Module:
+              kernels=None, init: Callable[[nn.Module], None] | None = None, seed: int = 0,
+              compile: bool = False) -> nn.Module:
     """`model` ready to train on this rank, laid out on the job's mesh (or on `distribution`): pipeline stages,
     tensor parallelism, activation checkpointing, MiCS sharding per block and the root, weights kept (rank 0's)
     or, for a model on the meta device, initialised layout-independently by `init` (called on every module, as
     `model.apply(init)`), `reset_parameters` or HF `_init_weights`, from `seed`. `kernels` ("eager", "triton",
     "auto"/True; default off) swaps norms, MLPs, rotary embeddings and, without TP or PP, the loss for
     trainyard.kernels ops (models/fused.py); the model then returns `LMHidden`: take its loss with
-    `te.lm_loss(output, targets)` (or read `output.logits`)."""
+    `te.lm_loss(output, targets)` (or read `output.logits`). `compile=True` runs each block's forward through
+    torch.compile (the first step then takes longer: the compilation)."""
     backend = backend_of(kernels)
     ctx = current()
     par = ctx.parallelism if distribution is None else Parallelism.parse(distribution)
@@ -218,7 +220,7 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
             print(f"kernels ({backend}): " + ", ".join(f"{k} {n}" for k, n in swapped.items()), flush=True)
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
-                         seed=seed, init=init)
+                         seed=seed, init=init, compile=compile)
     object.__setattr__(result.model, _LAYOUT, result)
     return result.model
 

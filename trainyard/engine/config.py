@@ -78,6 +78,8 @@ class TrainConfig:
     """Print a progress line every this many steps (metrics.jsonl gets every step)."""
     save_model: bool = True
     """Write the full weights to $SM_MODEL_DIR at the end."""
+    compile: bool = False
+    """torch.compile each transformer block's forward (inductor's fused kernels; the first step compiles)."""
     kernels: str = "off"
     """trainyard.kernels ops for the norms, SwiGLU MLPs, rotary embeddings and (without TP or PP) the loss:
     off, eager (eager-chunked: the ops' references, the loss chunked so the logits are never whole),

@@ -76,7 +76,7 @@ class Trainer:
         shape = flops.shape_of(model)  # before transform: the whole model's shapes
         self.flops_per_token = shape.flops_per_token(cfg.seq_len) if shape else 6.0 * self.params
         self.model = api.transform(model, mixed_precision=None if self.dtype == torch.float32 else self.dtype,
-                                   seed=cfg.seed, kernels=cfg.kernels)
+                                   seed=cfg.seed, kernels=cfg.kernels, compile=cfg.compile)
         self.layout = api._layout(self.model)
         if hf_dir and _has_weights(hf_dir):
             report = api.load_pretrained(self.model, hf_dir)

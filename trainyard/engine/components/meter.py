@@ -140,8 +140,11 @@ class CommMeter:
     @contextmanager
     def active(self):
         """Count collectives issued inside the block (the patch is undone on exit)."""
-        patches = [(dist, name, self._wrap(getattr(dist, name), *spec)) for name, spec in _METERED.items()]
-        patches += [(funcol, name, self._wrap_funcol(getattr(funcol, name), *spec)) for name, spec in _FUNCOL.items()]
+        # a name this torch lacks (all_gather_single is not in torch 2.11, which images may carry) is not metered
+        patches = [(dist, name, self._wrap(getattr(dist, name), *spec)) for name, spec in _METERED.items()
+                   if hasattr(dist, name)]
+        patches += [(funcol, name, self._wrap_funcol(getattr(funcol, name), *spec)) for name, spec in _FUNCOL.items()
+                    if hasattr(funcol, name)]
         patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
         saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
         for module, name, fn in patches:

@@ -1,6 +1,6 @@
 """The composition of the engine's parallelisms for any module its spec describes, in the one order that works:
 
-    pipeline cut -> tensor (and sequence) parallelism -> activation checkpointing -> MiCS -> weights
+    pipeline cut -> tensor (and sequence) parallelism -> activation checkpointing -> torch.compile -> MiCS -> weights
 
 on the mesh `(pp, dp_replicate, dp_shard, tp)` of `ParallelDims`; and the training step of the result:
 micro-batches through the pipeline schedule (or a plain loop with 2-hop gradient sync), gradient clipping
@@ -112,8 +112,10 @@ class RankModel(nn.Module):
 
 def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device: torch.device,
                 mics: MiCSConfig | None = None, pipeline: PipelineConfig | None = None, ac: str = "none",
-                two_hop: bool = True, seed: int = 0, init: Callable[[nn.Module], None] | None = None) -> Parallelized:
-    """This rank's part of `model`, parallelised over `dims` (whose mesh is built)."""
+                two_hop: bool = True, seed: int = 0, init: Callable[[nn.Module], None] | None = None,
+                compile: bool = False) -> Parallelized:
+    """This rank's part of `model`, parallelised over `dims` (whose mesh is built). `compile`: each block's
+    forward (after activation checkpointing, inside MiCS's hooks) goes through torch.compile."""
     mics = mics or MiCSConfig()
     if dims.pp > 1 or not two_hop:
         # a pipeline schedule drives FSDP's sync itself, and flat HSDP all-reduces every micro-batch: FSDP's own
@@ -135,6 +137,8 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
         if dims.tp > 1:
             _apply_tp(part, spec, dims)
         apply_ac(blocks, ac)
+        if compile:
+            apply_compile(blocks)
         if sharded:
             apply_mics(part, blocks, dims, mics)
         if meta:
@@ -144,6 +148,14 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, coords=coords,
                         mics=mics,
                         pipeline=pipeline, two_hop=two_hop, sharded=sharded, syncs=syncs, device=device)
+
+
+def apply_compile(blocks: list[nn.Module]) -> None:
+    """torch.compile each block's forward in place. The module keeps its identity, so MiCS's hooks stay outside
+    the compiled region (they gather and free the parameters eagerly) and checkpoints keep their names; the
+    blocks of one model share their code, so one compilation serves them all."""
+    for block in blocks:
+        block.forward = torch.compile(block.forward)
 
 
 def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pp_rank: int, pipeline: PipelineConfig | None):

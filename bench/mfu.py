@@ -1,0 +1,124 @@
+"""MFU of the built-in trainer on one GPU: Llama 3.2 1B shapes in bf16, eager against torch.compile and
+trainyard.kernels, in one invocation.
+
+    python bench/mfu.py [--model llama3.2-1b] [--seq-len 2048] [--steps 12] [--only NAME,...] [--json PATH]
+
+Each configuration is one run of `torchrun --nproc_per_node 1 -m trainyard.engine.train` in a fresh process:
+one rank on an NCCL group of one (the path a job takes on a GPU host: rendezvous, FSDP2 with bf16 compute and
+fp32 master weights and gradient reduction, the heartbeat's wrapped collectives), synthetic tokens, no
+checkpoints, no model written. The figures are medians of the steps after the first three (warm-up and, with
+compile, the compilation): tokens/s, TFLOP/s per GPU and MFU as the trainer computes them (6 N + 12 L H Q T
+FLOPs per token over the GPU's dense bf16 datasheet peak, trainyard/engine/components/flops.py), and the peak
+of allocated GPU memory. Also runs on CPU at a small model (`--model 10m`), to try it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+
+from trainyard.engine.components.fingerprint import this_machine
+
+# name: (micro-batch, compile, kernels, activation checkpointing)
+CONFIGS = {
+    "eager": (4, False, "off", "none"),
+    "compile": (4, True, "off", "none"),
+    "compile+kernels mb8": (8, True, "auto", "none"),
+    "eager+kernels": (4, False, "auto", "none"),
+    "compile+kernels": (4, True, "auto", "none"),
+    "compile+kernels mb16 ac": (16, True, "auto", "selective"),
+    "compile mb8": (8, True, "off", "none"),
+    "compile+kernels mb12": (12, True, "auto", "none"),
+}
+WARMUP_STEPS = 3
+
+
+def one_run(name: str, args) -> dict:
+    micro, compile_on, kernels, ac = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as out:
+        beats = os.path.join(out, "heartbeat")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
+               str(args.port), "-m", "trainyard.engine.train", "--model", args.model, "--steps", str(args.steps),
+               "--seq_len", str(args.seq_len), "--global_batch_size", str(micro), "--micro_batch_size",
+               str(micro), "--save_model", "false", "--kernels", kernels, "--compile", str(compile_on).lower(),
+               "--warmup_steps", "2", "--log_every", "4"]
+        env = {**os.environ, "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out, "TRAINYARD_HEARTBEAT_DIR": beats,
+               "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
+        env.pop("TRITON_INTERPRET", None)
+        t0 = time.time()
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        wall = time.time() - t0
+        if r.returncode != 0:
+            text = r.stdout + r.stderr
+            start = text.rfind("Traceback (most recent call last)")  # the rank's own error, not torchrun's summary
+            return {"name": name, "failed": text[start:start + 6000] if start >= 0 else text[-6000:]}
+        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        beat_files = sorted(os.listdir(beats)) if os.path.isdir(beats) else []
+    steady = rows[WARMUP_STEPS:] or rows
+    first = rows[0]
+
+    def med(key):
+        vals = [row[key] for row in steady if row.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    return {"name": name, "micro_batch": micro, "compile": compile_on, "kernels": kernels,
+            "activation_checkpointing": ac, "tokens_per_step": micro * args.seq_len,
+            "tokens_per_s": med("tokens_per_s"), "tflops_per_device": med("tflops_per_device"), "mfu": med("mfu"),
+            "step_time_s": med("step_time_s"), "first_step_s": first.get("step_time_s"),
+            "peak_memory_gib": (max(row.get("peak_memory_bytes") or 0 for row in rows) / 2 ** 30),
+            "losses": [round(row["loss"], 4) for row in rows], "wall_s": round(wall, 1),
+            "heartbeat_files": beat_files, "fingerprint": first.get("fingerprint")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama3.2-1b")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--only", default="", help="comma-separated configuration names (default: all): "
+                   + ", ".join(CONFIGS))
+    p.add_argument("--port", type=int, default=29511)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        p.error(f"--only: unknown configuration(s) {unknown}; choose from {list(CONFIGS)}")
+    rows = []
+
+    def write():
+        fp = next((r["fingerprint"] for r in rows if r.get("fingerprint")), None)
+        result = {"name": "mfu", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "model": args.model, "seq_len": args.seq_len, "steps": args.steps, "warmup_steps": WARMUP_STEPS,
+                  "machine": this_machine(), "run_fingerprint": fp, "rows": rows}
+        if args.json:  # after every configuration: a run stopped part-way keeps what it measured
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as fh:
+                json.dump(result, fh, indent=1)
+
+    print("| config | micro-batch x seq | tok/s | TFLOP/s | MFU | step s | first step s | peak GiB |", flush=True)
+    print("|" + " --- |" * 8, flush=True)
+    for name in names:
+        row = one_run(name, args)
+        rows.append(row)
+        write()
+        if "failed" in row:
+            last = [line for line in row["failed"].splitlines() if line.strip() and not line.startswith(" ")]
+            print(f"| {name} | failed: {(last or ['?'])[-1][:200]} |", flush=True)
+            print(row["failed"], file=sys.stderr, flush=True)
+            continue
+        print(f"| {name} | {row['micro_batch']} x {args.seq_len} | {row['tokens_per_s']:,.0f} | "
+              f"{row['tflops_per_device']:.1f} | {row['mfu']:.1%} | {row['step_time_s']:.3f} | "
+              f"{row['first_step_s']:.1f} | {row['peak_memory_gib']:.1f} |", flush=True)
+    return 0 if all("failed" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
