@@ -105,7 +105,7 @@ def test_every_command_and_subcommand_has_help_with_an_example():
         todo += [(f"{prog} {n}", p) for n, p in sub.choices.items()] if sub else []
     assert {"trainyard store ls", "trainyard store put", "trainyard store get", "trainyard store rm",
             "trainyard store creds", "trainyard checkpoint export", "trainyard image build", "trainyard image push",
-            "trainyard render terraform"} <= set(seen)
+            "trainyard render terraform", "trainyard render kubernetes"} <= set(seen)
 
 
 def test_main_help_exits_zero(capsys):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog
 from trainyard.job.errors import ConfigError
+from trainyard.job.kubernetes import KubernetesOptions
 from trainyard.job.metricdefs import check_metric_definitions
 from trainyard.job.observability import Profiler, TensorBoardOutput
 from trainyard.job.uris import check_s3_uri, check_storage_uri
@@ -143,8 +144,11 @@ class JobSpec(BaseModel):
     """Spot: seconds to wait for capacity and training together (>= max_run)."""
     max_retry_attempts: int = 0
     """Spot: how many times an interrupted job comes back on new capacity."""
-    backend: Literal["local", "ec2", "sagemaker"] | None = None
+    backend: Literal["local", "ec2", "sagemaker", "kubernetes"] | None = None
     """Where the job runs; None: by the instance type (`local`/`local_gpu` here, the others on EC2)."""
+    kubernetes: KubernetesOptions | None = None
+    """backend="kubernetes" and `Estimator.to_kubernetes()`: namespace, service account, FSx volumes, ...
+    (job/kubernetes.py). Given with no backend, they choose backend="kubernetes"."""
     elastic: Elastic | None = None
     """With retries: a job that loses a host for good goes on with fewer (down to min_instance_count)."""
     hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
@@ -344,12 +348,23 @@ class JobSpec(BaseModel):
             raise ValueError(f"must be a number of seconds > 0 (or None to turn hang detection off), got {v!r}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_backend(cls, data: object) -> object:
+        """Kubernetes options choose the Kubernetes backend (a job given them never goes to EC2 by mistake)."""
+        if isinstance(data, dict) and data.get("kubernetes") is not None and data.get("backend") is None:
+            return {**data, "backend": "kubernetes"}
+        return data
+
     @model_validator(mode="after")
     def _backend(self) -> "JobSpec":
         local = catalog.lookup(self.instance_type).is_local
         if self.backend is not None and (self.backend == "local") != local:
             want = "'local' or 'local_gpu'" if self.backend == "local" else "an ml.* type such as 'ml.p4d.24xlarge'"
             raise ValueError(f"backend: {self.backend!r} runs {want}, not instance_type {self.instance_type!r}")
+        if self.kubernetes is not None and self.backend != "kubernetes":
+            raise ValueError(f"kubernetes: the options of backend='kubernetes' (they choose it); this job's backend "
+                             f"is {self.backend!r}: drop kubernetes or the backend")
         return self
 
     @model_validator(mode="after")
@@ -377,7 +392,7 @@ class JobSpec(BaseModel):
     def _ec2(self) -> "JobSpec":
         local = catalog.lookup(self.instance_type).is_local
         given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait", "security_group_ids",
-                             "capacity_reservation_id") if getattr(self, f)]
+                             "capacity_reservation_id", "kubernetes") if getattr(self, f)]
         if local and given:
             raise ValueError(f"{given[0]}: only for EC2 instance types; local jobs run in this Python environment")
         fsx = [c.name for c in self.channels if c.uri.startswith("fsx://")]

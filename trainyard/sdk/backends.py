@@ -5,9 +5,10 @@
     plan = backend.plan(spec)              # read-only checks against the services; what would be created
     job = backend.launch(spec, plan, upload_code)   # uploads the code, creates, starts -> TrainingJob
 
-`session` is the user's boto3 Session (`boto_session`, or `sagemaker_session`'s): the EC2 backend makes
-every AWS call through it, and calls `upload_code(spec, s3=client)` with its S3 client; the local backend
-ignores it and calls `upload_code(spec)` (boto3's default client, pointed at the job's endpoint).
+`session` is the user's boto3 Session (`boto_session`, or `sagemaker_session`'s): the EC2 and SageMaker backends
+make every AWS call through it, and they and the Kubernetes backend call `upload_code(spec, s3=client)` with its
+S3 client; the local backend ignores it and calls `upload_code(spec)` (boto3's default client, pointed at the
+job's endpoint). The Kubernetes backend (sdk/k8s/) talks to the cluster of the job's kubeconfig.
 
 `fit(dry_run=True)` stops after `plan` and prints `plan.describe()`. Each backend's job handle is a
 `TrainingJob` (sdk/job.py) over the same job folder; `runtime.json` names the backend, so `open_job`
@@ -24,6 +25,7 @@ from trainyard.sdk.aws.backend import Ec2Backend
 from trainyard.sdk.aws.sm_backend import SageMakerBackend
 from trainyard.sdk.job import TrainingJob
 from trainyard.sdk.jobstate import job_dir, read_json
+from trainyard.sdk.k8s.backend import KubernetesBackend
 from trainyard.sdk.local import LocalBackend
 
 
@@ -42,7 +44,8 @@ class Backend(Protocol):
     def launch(self, spec: JobSpec, plan: Plan, upload_code: Callable[..., str | None]) -> TrainingJob: ...
 
 
-BACKENDS: dict[str, type] = {"local": LocalBackend, "ec2": Ec2Backend, "sagemaker": SageMakerBackend}
+BACKENDS: dict[str, type] = {"local": LocalBackend, "ec2": Ec2Backend, "sagemaker": SageMakerBackend,
+                             "kubernetes": KubernetesBackend}
 
 
 def backend_for(spec: JobSpec, session=None) -> Backend:

@@ -1,6 +1,7 @@
-"""`trainyard`: the command line for jobs (local and EC2), their metrics, the embedded store, images,
-checkpoints and Terraform. `trainyard --help` lists the commands; `trainyard COMMAND --help` shows one, with
-examples. The job commands are in cli_jobs.py, the store's in cli_store.py, tables in cli_output.py.
+"""`trainyard`: the command line for jobs (local, EC2, SageMaker, Kubernetes), their metrics, the embedded store,
+images, checkpoints, Terraform and Kubernetes manifests. `trainyard --help` lists the commands; `trainyard COMMAND
+--help` shows one, with examples. The job commands are in cli_jobs.py, the store's in cli_store.py, tables in
+cli_output.py.
 
 Exit status: 0 done, 1 the job failed or something was refused or left behind, 2 bad input (a
 ConfigError: a missing job, bucket or key, a malformed URI or duration, no AWS region or credentials).
@@ -24,6 +25,7 @@ from trainyard.sdk.backends import open_job
 from trainyard.sdk.cli_output import parse_duration
 from trainyard.sdk.estimator import Estimator
 from trainyard.sdk.inputs import FileSystemInput, TrainingInput
+from trainyard.sdk.k8s import manifests as k8s_manifests
 from trainyard.sdk.store import ensure_store
 
 EXAMPLE_JOB = "train-20260101-120000-000"
@@ -171,8 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="<account>.dkr.ecr.<region>.amazonaws.com/<repository> (default: ECR of the AWS "
                           "configuration's account and region, repository --repository)")
     ipu.add_argument("--region", default=None, help="default: AWS_REGION, then AWS_DEFAULT_REGION, then the profile's")
-    rd = _command(sub, "render", "render a job for another tool (Terraform)",
-                  "trainyard render terraform estimator.json tf/run-1 --region us-east-1")
+    rd = _command(sub, "render", "render a job for another tool (Terraform, Kubernetes)",
+                  "trainyard render terraform estimator.json tf/run-1 --region us-east-1\n"
+                  "trainyard render kubernetes estimator.json k8s/run-1")
     rd_sub = rd.add_subparsers(dest="render_cmd", required=True, metavar="SUBCOMMAND", title="subcommands")
     rt = _command(rd_sub, "terraform", "a Terraform root module (infra/modules) of the job an Estimator runs",
                   "trainyard render terraform estimator.json tf/run-1 --region us-east-1 "
@@ -195,6 +198,23 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--data-s3-uri", default=None, help="S3 prefix linked to the new cluster's FSx file system (/data)")
     rt.add_argument("--fsx-mount", action="append", default=None, metavar="FS_ID=DNS:MOUNT",
                     help="DNS and mount names of another FSx file system a channel reads (repeatable)")
+    rk = _command(rd_sub, "kubernetes", "a Kubeflow PyTorchJob (and its ConfigMap, FSx volumes) of the job an "
+                                        "Estimator runs",
+                  "trainyard render kubernetes estimator.json k8s/run-1 "
+                  "--inputs '{\"train\": \"s3://my-data/tokens\"}'\n"
+                  "trainyard render kubernetes '{\"entry_point\": \"trainyard.engine.train\", \"instance_type\": "
+                  "\"ml.p5.48xlarge\", \"image_uri\": \"IMAGE\", \"output_path\": \"s3://b/out\", \"kubernetes\": "
+                  "{\"namespace\": \"training\"}}' k8s/run-2",
+                  "Writes OUT/pytorchjob.yaml for `kubectl apply -f` (and OUT/sourcedir.tar.gz, the code to upload\n"
+                  "first). The Estimator's \"kubernetes\" argument holds the namespace, service account, FSx\n"
+                  "volumes, ... See docs/backends.md and docs/sdk.md.")
+    rk.add_argument("estimator", help="Estimator arguments as JSON (a file, or inline): entry_point, instance_type, "
+                                      "image_uri, output_path, kubernetes, hyperparameters, ...")
+    rk.add_argument("out", help="folder for pytorchjob.yaml (created; files in it are overwritten)")
+    rk.add_argument("--inputs", default=None, help="fit()'s inputs as JSON (a file, or inline): a URI, or channel "
+                    "name to a URI, {\"s3_data\": ..., \"distribution\": ...} or {\"file_system_id\": ..., "
+                    "\"directory_path\": ...}")
+    rk.add_argument("--job-name", default=None, help="default: base_job_name and the time")
     return p
 
 
@@ -255,7 +275,7 @@ def _run(a) -> int:
                 print(f"{job}: left behind: {item}", file=sys.stderr)
         return 1 if any(left.values()) else 0
     elif a.cmd == "render":
-        for path in render_terraform(a):
+        for path in (render_terraform(a) if a.render_cmd == "terraform" else render_kubernetes(a)):
             print(path)
     elif a.cmd == "image":
         if a.image_cmd == "build":
@@ -303,22 +323,7 @@ def render_terraform(args) -> list[str]:
     Estimator's keyword arguments (SageMaker's names); --inputs is fit()'s inputs as JSON: a URI, or channel
     name to a URI, {"s3_data": ..., "distribution": ...} or {"file_system_id": ..., "directory_path": ...}
     ("cluster" for the cluster module's file system). Returns the files written."""
-    kwargs = _read_json("estimator", args.estimator)
-    if not isinstance(kwargs, dict):
-        raise ConfigError("estimator", f"{args.estimator}: expected a JSON object of Estimator arguments")
-    inputs = None
-    if args.inputs:
-        raw = _read_json("inputs", args.inputs)
-
-        def channel(name: str, value: Any):
-            if isinstance(value, dict) and "file_system_id" in value:
-                fs = value["file_system_id"]
-                return FileSystemInput(**{**value, "file_system_id": terraform.CLUSTER_FSX if fs == "cluster" else fs})
-            if isinstance(value, dict):
-                return TrainingInput(**value)
-            return value
-
-        inputs = {k: channel(k, v) for k, v in raw.items()} if isinstance(raw, dict) else raw
+    est, inputs = _render_job(args, cluster_fsx=terraform.CLUSTER_FSX)
     cluster = _read_json("cluster_outputs", args.cluster_outputs) if args.cluster_outputs else None
     mounts = []
     for spec in args.fsx_mount or []:
@@ -326,13 +331,45 @@ def render_terraform(args) -> list[str]:
         if not m:
             raise ConfigError("fsx_mount", f"{spec!r}: expected FS_ID=DNS_NAME:MOUNT_NAME")
         mounts.append({"file_system_id": m.group(1), "dns_name": m.group(2), "mount_name": m.group(3)})
-    try:
-        est = Estimator(**kwargs)
-    except TypeError as e:
-        raise ConfigError("estimator", f"{args.estimator}: {e}") from None
     return est.to_terraform(args.out, inputs, job_name=args.job_name, region=args.region,
                             availability_zone_id=args.availability_zone_id, cluster=cluster,
                             data_s3_uri=args.data_s3_uri, fsx_mounts=mounts or None)
+
+
+def render_kubernetes(args) -> list[str]:
+    """`trainyard render kubernetes ESTIMATOR.json OUT [--inputs JSON] [--job-name NAME]`: the arguments as for
+    `render terraform`; writes OUT/pytorchjob.yaml (and OUT/sourcedir.tar.gz when there is code to ship).
+    Returns the files written."""
+    est, inputs = _render_job(args)
+    est.to_kubernetes(args.out, inputs, job_name=args.job_name)
+    return [p for p in (os.path.join(args.out, k8s_manifests.MANIFEST_FILE),
+                        os.path.join(args.out, k8s_manifests.CODE_ARCHIVE)) if os.path.exists(p)]
+
+
+def _render_job(args, cluster_fsx: str | None = None) -> tuple[Estimator, Any]:
+    """The Estimator of `args.estimator` and fit()'s inputs of `args.inputs` (see render_terraform); an FSx input
+    on file system "cluster" means `cluster_fsx` (Terraform's cluster module's file system)."""
+    kwargs = _read_json("estimator", args.estimator)
+    if not isinstance(kwargs, dict):
+        raise ConfigError("estimator", f"{args.estimator}: expected a JSON object of Estimator arguments")
+    inputs = None
+    if args.inputs:
+        raw = _read_json("inputs", args.inputs)
+
+        def channel(value: Any):
+            if isinstance(value, dict) and "file_system_id" in value:
+                fs = value["file_system_id"]
+                return FileSystemInput(**{**value, "file_system_id": cluster_fsx if fs == "cluster" and cluster_fsx
+                                          else fs})
+            if isinstance(value, dict):
+                return TrainingInput(**value)
+            return value
+
+        inputs = {k: channel(v) for k, v in raw.items()} if isinstance(raw, dict) else raw
+    try:
+        return Estimator(**kwargs), inputs
+    except TypeError as e:
+        raise ConfigError("estimator", f"{args.estimator}: {e}") from None
 
 
 def _read_json(field: str, value: str) -> Any:

@@ -37,6 +37,7 @@ from trainyard.sdk import packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.debugger import profiler_request, tensorboard_output
+from trainyard.sdk.k8s import check as k8s_check, manifests as k8s_manifests
 from trainyard.sdk.inputs import TrainingInput, to_channels
 from trainyard.sdk.job import LOG_MODES
 from trainyard.sdk.netem import unavailable_reason
@@ -112,6 +113,7 @@ class Estimator:
         hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S,
         elastic: dict | None = None,
         backend: str | None = None,
+        kubernetes: dict | None = None,
         sagemaker_session=None,
         volume_size: int = 30,
         network: dict | None = None,
@@ -188,7 +190,7 @@ class Estimator:
             instance_count=instance_count, processes_per_host=processes, distribution=distribution,
             environment=environment, checkpoint_s3_uri=checkpoint_s3_uri, output_path=output_path, max_run=max_run,
             role=role, max_retry_attempts=0 if max_retry_attempts is None else max_retry_attempts,
-            hang_timeout_s=hang_timeout_s, elastic=elastic, backend=backend,
+            hang_timeout_s=hang_timeout_s, elastic=elastic, backend=backend, kubernetes=kubernetes,
             input_mode=input_mode, tags=tags, metric_definitions=metric_definitions,
             enable_sagemaker_metrics=sagemaker_only.get("enable_sagemaker_metrics"),
             container_log_level=container_log_level, inert=tuple(inert),
@@ -350,6 +352,28 @@ class Estimator:
         return terraform.render_root_module(spec, path, cluster=cluster, region=region,
                                             availability_zone_id=availability_zone_id, data_s3_uri=data_s3_uri,
                                             fsx_mounts=fsx_mounts, code_archive=archive)
+
+    def to_kubernetes(self, path: str | None = None, inputs=None, *, job_name: str | None = None) -> list[dict]:
+        """The job `fit(inputs)` would run, as Kubernetes objects (sdk/k8s/manifests.py): the contract ConfigMap, the
+        FSx PersistentVolumes and claims, the Kubeflow PyTorchJob; with `path`, also written to the folder `path`
+        as `pytorchjob.yaml` (for `kubectl apply -f`), beside the code's `sourcedir.tar.gz`.
+
+        Nothing is uploaded or created: the code (when there is code to ship) is packaged and its
+        content-addressed `code_uri` goes into the spec; upload `sourcedir.tar.gz` there before applying (the
+        YAML's first lines say the command). The `kubernetes` argument's namespace, service account, FSx
+        volumes, node selector and tolerations shape the objects."""
+        spec = self._job_spec(inputs, job_name)
+        k8s_check.check(spec)  # before packaging: a refused job packages nothing
+        archive = None
+        if not (spec.entry_kind == "module" and self.source_dir is None and not self.dependencies):
+            pkg = self._package()
+            code_uri = join(self.code_location or spec.output_path, pkg.key)
+            spec, archive = build_spec(**{**spec.model_dump(), "code_uri": code_uri}), pkg.data
+            k8s_check.check(spec)  # the code's location too
+        objects = k8s_manifests.render(spec)
+        if path is not None:
+            k8s_manifests.write(objects, path, code_uri=spec.code_uri, code_archive=archive)
+        return objects
 
     def _package(self) -> packaging.Package:
         return packaging.package(self.source_dir, self._entry_file, dependencies=self.dependencies)
