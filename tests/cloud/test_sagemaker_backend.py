@@ -71,11 +71,13 @@ def _est(account, src, play, **kw):
 def test_fit_creates_a_training_job_and_wait_follows_it_to_completed(account, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRAINYARD_PROGRESS", "plain")
     play = SageMakerPlay([("InProgress", s) for s in STEPS] + [("Completed", "Completed")])
-    est = _est(account, tmp_path, play)
+    est = _est(account, tmp_path, play, keep_alive_period_in_seconds=1800)
+    assert est.inert_arguments == ()  # the warm pool is SageMaker's own: passed, not named as without effect
     job = est.fit(job_name="sm-ok", wait=False)
     sent = boto3.client("sagemaker").describe_training_job(TrainingJobName="sm-ok")  # what moto was given
     assert sent["AlgorithmSpecification"]["TrainingImage"] == IMAGE and sent["RoleArn"] == account["role"]
-    assert sent["ResourceConfig"]["InstanceType"] == "ml.p4d.24xlarge" and sent["ResourceConfig"]["InstanceCount"] == 2
+    assert sent["ResourceConfig"] == {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30,
+                                      "KeepAlivePeriodInSeconds": 1800}
     hps = sent["HyperParameters"]
     assert hps["lr"] == "0.1" and hps["sagemaker_program"] == '"train.py"'
     code = json.loads(hps["sagemaker_submit_directory"])
@@ -111,6 +113,8 @@ def test_sagemaker_refusals_name_the_field(account, tmp_path):
     play = SageMakerPlay([("Completed", "Completed")])
     with pytest.raises(ConfigError, match="^role: SageMaker needs an IAM role ARN"):
         _est(account, tmp_path, play, role="SageMakerRole").fit(job_name="by-name")  # a name, as EC2 takes
+    with pytest.raises(ConfigError, match="^keep_alive_period_in_seconds: SageMaker keeps a warm pool 0 to 21600"):
+        _est(account, tmp_path, play, keep_alive_period_in_seconds=86400)
     with pytest.raises(ConfigError, match="^backend: 'sagemaker' runs an ml.\\* type"):
         Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local", backend="sagemaker")
     assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []

@@ -36,10 +36,10 @@ def _spec(**kw):
 
 
 def test_the_request_of_a_representative_job_has_sagemakers_shape():
-    spec = _spec()
+    spec = _spec(backend="sagemaker", keep_alive_period_in_seconds=1800)
     sm_request.check(spec)
     req = sm_request.create_training_job_request(spec, spec_uri="s3://bkt/out/sm-job-1/trainyard/spec.json",
-                                                 region="us-east-1", keep_alive_s=1800)
+                                                 region="us-east-1")
     sm_request.validate(req)  # botocore's own validation: shapes, types, lengths, enums
     assert req["TrainingJobName"] == "sm-job-1" and req["RoleArn"] == ROLE
     assert req["AlgorithmSpecification"] == {"TrainingImage": IMAGE, "TrainingInputMode": "File",

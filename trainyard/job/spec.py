@@ -146,6 +146,9 @@ class JobSpec(BaseModel):
     """Spot: how many times an interrupted job comes back on new capacity."""
     backend: Literal["local", "ec2", "sagemaker", "kubernetes"] | None = None
     """Where the job runs; None: by the instance type (`local`/`local_gpu` here, the others on EC2)."""
+    keep_alive_period_in_seconds: int | None = None
+    """backend="sagemaker": keep the instances in a SageMaker warm pool this long after the job (0-21600 s,
+    SageMaker's range), for the next job of the same configuration."""
     kubernetes: KubernetesOptions | None = None
     """backend="kubernetes" and `Estimator.to_kubernetes()`: namespace, service account, FSx volumes, ...
     (job/kubernetes.py). Given with no backend, they choose backend="kubernetes"."""
@@ -362,6 +365,12 @@ class JobSpec(BaseModel):
         if self.backend is not None and (self.backend == "local") != local:
             want = "'local' or 'local_gpu'" if self.backend == "local" else "an ml.* type such as 'ml.p4d.24xlarge'"
             raise ValueError(f"backend: {self.backend!r} runs {want}, not instance_type {self.instance_type!r}")
+        if self.keep_alive_period_in_seconds and self.backend != "sagemaker":
+            raise ValueError("keep_alive_period_in_seconds: warm pools are SageMaker's; set backend='sagemaker' or "
+                             "drop it")
+        if self.keep_alive_period_in_seconds is not None and not 0 <= self.keep_alive_period_in_seconds <= 21600:
+            raise ValueError(f"keep_alive_period_in_seconds: SageMaker keeps a warm pool 0 to 21600 s, got "
+                             f"{self.keep_alive_period_in_seconds}")
         if self.kubernetes is not None and self.backend != "kubernetes":
             raise ValueError(f"kubernetes: the options of backend='kubernetes' (they choose it); this job's backend "
                              f"is {self.backend!r}: drop kubernetes or the backend")

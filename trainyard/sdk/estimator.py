@@ -155,6 +155,7 @@ class Estimator:
             boto_session = getattr(session, "boto_session", None)
         itype = catalog.lookup(instance_type)
         local = itype.is_local
+        keep_alive = sagemaker_only.pop("keep_alive_period_in_seconds", None) if backend == "sagemaker" else None
         inert = [k for k, v in sagemaker_only.items() if not _asks_nothing(v, INERT_UNLESS[k])]
         tensorboard = tensorboard_output(tensorboard_output_config)
         profiling = profiler_request(profiler, profiler_config, disable_profiler)
@@ -191,6 +192,7 @@ class Estimator:
             environment=environment, checkpoint_s3_uri=checkpoint_s3_uri, output_path=output_path, max_run=max_run,
             role=role, max_retry_attempts=0 if max_retry_attempts is None else max_retry_attempts,
             hang_timeout_s=hang_timeout_s, elastic=elastic, backend=backend, kubernetes=kubernetes,
+            keep_alive_period_in_seconds=keep_alive,
             input_mode=input_mode, tags=tags, metric_definitions=metric_definitions,
             enable_sagemaker_metrics=sagemaker_only.get("enable_sagemaker_metrics"),
             container_log_level=container_log_level, inert=tuple(inert),

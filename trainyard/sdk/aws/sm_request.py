@@ -99,8 +99,7 @@ def _channel(ch) -> dict[str, Any]:
     return out
 
 
-def create_training_job_request(spec: JobSpec, *, spec_uri: str, region: str,
-                                keep_alive_s: int | None = None) -> dict[str, Any]:
+def create_training_job_request(spec: JobSpec, *, spec_uri: str, region: str) -> dict[str, Any]:
     """CreateTrainingJob's parameters for `spec` (named, with its code uploaded: `spec.code_uri`)."""
     hps = {k: hp_json(v) for k, v in spec.hyperparameters.items()}
     hps.update(sagemaker_program=hp_json(spec.entry_point), sagemaker_region=hp_json(region),
@@ -114,8 +113,8 @@ def create_training_job_request(spec: JobSpec, *, spec_uri: str, region: str,
         algorithm["EnableSageMakerMetricsTimeSeries"] = bool(spec.enable_sagemaker_metrics)
     resources: dict[str, Any] = {"InstanceType": ml_instance_type(spec.instance_type),
                                  "InstanceCount": spec.instance_count, "VolumeSizeInGB": spec.volume_size}
-    if keep_alive_s:
-        resources["KeepAlivePeriodInSeconds"] = keep_alive_s
+    if spec.keep_alive_period_in_seconds:
+        resources["KeepAlivePeriodInSeconds"] = spec.keep_alive_period_in_seconds
     stopping: dict[str, Any] = {"MaxRuntimeInSeconds": spec.max_run}
     if spec.use_spot_instances and spec.max_wait:
         stopping["MaxWaitTimeInSeconds"] = spec.max_wait
