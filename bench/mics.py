@@ -1,10 +1,10 @@
 """MiCS against ZeRO-3 and HSDP on 2 emulated hosts x 2 processes, over both link speeds, in one invocation.
 
-    python bench/mics.py [--mbit 1000,200] [--delay-ms 0.2] [--steps 8] [--warmup 3] [--model 10m]
+    python bench/mics.py [--mbit 1000,200] [--delay-ms 0.2] [--steps 8] [--warmup 3] [--model 10m] [--seq-len 128]
                          [--json bench/results/mics.json] [--only NAME,...]
 
 Root only: every job runs through `Estimator(..., emulated_network=...)`, each host behind a shaped link.
-fp32, global batch 16 of 128 tokens, micro-batch 1, so 4 micro-batches per rank and step (accumulation 4).
+fp32, global batch 16 of --seq-len (128) tokens, micro-batch 1, so 4 micro-batches per rank and step (accumulation 4).
 For each link speed in turn, the rows (`ROWS`):
 
 - `zero3`: the built-in trainer, model states sharded over all 4 ranks, flat collectives;
@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from trainyard.engine.components.fingerprint import this_machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PPH, HOSTS, ACCUM, GLOBAL_BATCH, SEQ = 2, 2, 4, 16, 128
+PPH, HOSTS, ACCUM, GLOBAL_BATCH = 2, 2, 4, 16
 PEER = "peer"  # a row's runner: PEER (bench/peers/hsdp_2hop.py), the name of the row it copies, else built-in
 ROWS = [  # name, mics settings (the peer's: the layout its formula figures assume), runner
     ("zero3", {"partition_group_size": 4, "hierarchical_allgather": False}, None),
@@ -127,7 +127,7 @@ def run(name: str, mics: dict, runner: str | None, mbit: float, a) -> dict:
     from trainyard import Estimator
 
     peer = runner == PEER
-    hp = {"model": a.model, "steps": a.steps, "global_batch_size": GLOBAL_BATCH, "micro_batch_size": 1, "seq_len": SEQ}
+    hp = {"model": a.model, "steps": a.steps, "global_batch_size": GLOBAL_BATCH, "micro_batch_size": 1, "seq_len": a.seq_len}
     if peer:
         job = dict(entry_point="hsdp_2hop.py", source_dir=os.path.join(HERE, "peers"), hyperparameters=hp,
                    distribution={"torch_distributed": {"enabled": True}}, metric_definitions=PEER_METRICS)
@@ -217,6 +217,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3, help="first steps left out of the medians")
     p.add_argument("--model", default="10m")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence: the compute per gradient byte")
     p.add_argument("--json", default=None)
     p.add_argument("--only", default=None, help=f"comma-separated rows of {names}")
     a = p.parse_args()
