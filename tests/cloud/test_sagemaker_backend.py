@@ -118,3 +118,9 @@ def test_sagemaker_refusals_name_the_field(account, tmp_path):
     with pytest.raises(ConfigError, match="^backend: 'sagemaker' runs an ml.\\* type"):
         Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local", backend="sagemaker")
     assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+def test_arguments_without_effect_are_named_for_sagemaker_jobs(account, tmp_path, capsys):
+    est = _est(account, tmp_path, SageMakerPlay([]), volume_kms_key="alias/mine")
+    assert est.inert_arguments == ("volume_kms_key",)
+    assert "accepted with no effect on SageMaker jobs: volume_kms_key" in capsys.readouterr().err

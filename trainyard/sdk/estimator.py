@@ -229,7 +229,8 @@ class Estimator:
         for note in [*notes, *([profiling.note] if profiling.note else [])]:
             print(f"[trainyard] {note}", file=sys.stderr)
         if inert:
-            where = "local jobs" if local else "EC2 jobs"
+            where = "local jobs" if local else {"sagemaker": "SageMaker jobs", "kubernetes": "Kubernetes jobs"}.get(
+                self._spec.backend, "EC2 jobs")
             print(f"[trainyard] accepted with no effect on {where}: {', '.join(inert)} (docs/sdk.md says why)",
                   file=sys.stderr)
 
