@@ -2,6 +2,7 @@
 trainyard.kernels, in one invocation.
 
     python bench/mfu.py [--model llama3.2-1b] [--seq-len 2048] [--steps 12] [--only NAME,...] [--json PATH]
+    python bench/mfu.py --hf-config DIR ...      (a Hugging Face causal LM: DIR holds its config.json)
 
 Each configuration is one run of `torchrun --nproc_per_node 1 -m trainyard.engine.train` in a fresh process:
 one rank on an NCCL group of one (the path a job takes on a GPU host: rendezvous, FSDP2 with bf16 compute and
@@ -44,12 +45,15 @@ def one_run(name: str, args) -> dict:
     with tempfile.TemporaryDirectory() as out:
         beats = os.path.join(out, "heartbeat")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
-               str(args.port), "-m", "trainyard.engine.train", "--model", args.model, "--steps", str(args.steps),
+               str(args.port), "-m", "trainyard.engine.train", "--model", "hf" if args.hf_config else args.model,
+               "--steps", str(args.steps),
                "--seq_len", str(args.seq_len), "--global_batch_size", str(micro), "--micro_batch_size",
                str(micro), "--save_model", "false", "--kernels", kernels, "--compile", str(compile_on).lower(),
                "--warmup_steps", "2", "--log_every", "4"]
         env = {**os.environ, "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out, "TRAINYARD_HEARTBEAT_DIR": beats,
                "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
+        if args.hf_config:  # the trainer's model hf reads the model channel's config.json (random weights)
+            env["SM_CHANNEL_MODEL"] = os.path.abspath(args.hf_config)
         env.pop("TRITON_INTERPRET", None)
         t0 = time.time()
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -79,6 +83,8 @@ def one_run(name: str, args) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama3.2-1b")
+    p.add_argument("--hf-config", default=None, help="a folder with a Hugging Face config.json: train that model "
+                   "(model hf) instead of --model")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--only", default="", help="comma-separated configuration names (default: all): "
@@ -96,7 +102,8 @@ def main() -> int:
     def write():
         fp = next((r["fingerprint"] for r in rows if r.get("fingerprint")), None)
         result = {"name": "mfu", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "model": args.model, "seq_len": args.seq_len, "steps": args.steps, "warmup_steps": WARMUP_STEPS,
+                  "model": f"hf:{args.hf_config}" if args.hf_config else args.model, "seq_len": args.seq_len,
+                  "steps": args.steps, "warmup_steps": WARMUP_STEPS,
                   "machine": this_machine(), "run_fingerprint": fp, "rows": rows}
         if args.json:  # after every configuration: a run stopped part-way keeps what it measured
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
