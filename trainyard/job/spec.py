@@ -132,6 +132,8 @@ class JobSpec(BaseModel):
     max_run: int = DEFAULT_MAX_RUN
     role: str | None = None
     emulated_network: EmulatedNetwork | None = None
+    plan: dict[str, Any] | None = None
+    """With distribution "auto": the planner's choice (trainyard/job/plan/auto.py `record`), shown by describe()."""
     # EC2 jobs
     image_uri: str | None = None
     """The training image (ECR), whose entrypoint is the driver; EC2 jobs only."""

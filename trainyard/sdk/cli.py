@@ -18,7 +18,7 @@ from typing import Any
 from trainyard.engine.components.export import export_checkpoint
 from trainyard.engine.quiet import quiet
 from trainyard.job.errors import ConfigError, ImageError
-from trainyard.sdk import cli_jobs, cli_store, image, terraform
+from trainyard.sdk import cli_jobs, cli_plan, cli_store, image, terraform
 from trainyard.sdk.aws.backend import gc
 from trainyard.sdk.aws.preflight import aws_config_error, check_session, new_session
 from trainyard.sdk.backends import open_job
@@ -51,6 +51,14 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1, e.g. 20")
     return int(text)
+
+
+def _job_arguments(p: argparse.ArgumentParser, fsx_note: str = "") -> None:
+    """--inputs and --job-name of the `render` commands: what fit(inputs, job_name=...) takes."""
+    p.add_argument("--inputs", default=None, help="fit()'s inputs as JSON (a file, or inline): a URI, or channel "
+                   "name to a URI, {\"s3_data\": ..., \"distribution\": ...} or {\"file_system_id\": ..., "
+                   f"\"directory_path\": ...}}{fsx_note}")
+    p.add_argument("--job-name", default=None, help="default: base_job_name and the time")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write it (default: JOB-report.html in the current folder)")
     _command(sub, "stop", "stop a running job: every process of it ends",
              f"trainyard stop {EXAMPLE_JOB}").add_argument("job", metavar="JOB", help="the job's name")
+    cli_plan.add_parser(sub, _command)
     rm = _command(sub, "rm", "delete the folders of ended jobs",
                   f"trainyard rm {EXAMPLE_JOB}\ntrainyard rm --force {EXAMPLE_JOB}",
                   "Deletes $TRAINYARD_HOME/jobs/JOB (spec, status, logs, hosts' files); artifacts in object storage\n"
@@ -186,10 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("estimator", help="Estimator arguments as JSON (a file, or inline): entry_point, instance_type, "
                                       "image_uri, output_path, hyperparameters, ...")
     rt.add_argument("out", help="folder for the root module (created; files in it are overwritten)")
-    rt.add_argument("--inputs", default=None, help="fit()'s inputs as JSON (a file, or inline): a URI, or channel "
-                    "name to a URI, {\"s3_data\": ..., \"distribution\": ...} or {\"file_system_id\": ..., "
-                    "\"directory_path\": ...} (\"cluster\": the new cluster's file system)")
-    rt.add_argument("--job-name", default=None, help="default: base_job_name and the time")
+    _job_arguments(rt, " (\"cluster\": the new cluster's file system)")
     rt.add_argument("--region", default=None, help="default: AWS_REGION, then AWS_DEFAULT_REGION")
     rt.add_argument("--availability-zone-id", default=None, help="zone ID of the new cluster (use1-az6); "
                                                                  "without it terraform asks")
@@ -211,10 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     rk.add_argument("estimator", help="Estimator arguments as JSON (a file, or inline): entry_point, instance_type, "
                                       "image_uri, output_path, kubernetes, hyperparameters, ...")
     rk.add_argument("out", help="folder for pytorchjob.yaml (created; files in it are overwritten)")
-    rk.add_argument("--inputs", default=None, help="fit()'s inputs as JSON (a file, or inline): a URI, or channel "
-                    "name to a URI, {\"s3_data\": ..., \"distribution\": ...} or {\"file_system_id\": ..., "
-                    "\"directory_path\": ...}")
-    rk.add_argument("--job-name", default=None, help="default: base_job_name and the time")
+    _job_arguments(rk)
     return p
 
 
@@ -266,6 +269,8 @@ def _run(a) -> int:
         return cli_jobs.prune(*a.older_than, dry_run=a.dry_run)
     elif a.cmd == "store":
         return cli_store.store_command(a)
+    elif a.cmd == "plan":
+        return cli_plan.show_plan(a)
     elif a.cmd == "gc":
         session = new_session(a.region)
         check_session(session)

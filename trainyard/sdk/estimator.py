@@ -30,6 +30,7 @@ from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
+from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
 from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME,
                                 JobSpec, build_spec)
 from trainyard.job.uris import check_storage_uri, join
@@ -37,9 +38,9 @@ from trainyard.sdk import packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.debugger import profiler_request, tensorboard_output
-from trainyard.sdk.k8s import check as k8s_check, manifests as k8s_manifests
 from trainyard.sdk.inputs import TrainingInput, to_channels
 from trainyard.sdk.job import LOG_MODES
+from trainyard.sdk.k8s import check as k8s_check, manifests as k8s_manifests
 from trainyard.sdk.netem import unavailable_reason
 from trainyard.sdk.session import Session, default_output_path
 from trainyard.sdk.versions import check_framework
@@ -93,7 +94,7 @@ class Estimator:
         instance_type: str = "local",
         instance_count: int = 1,
         processes_per_host: int | None = None,
-        distribution: dict | None = None,
+        distribution: dict | str | None = None,
         environment: dict[str, str] | None = None,
         checkpoint_s3_uri: str | None = None,
         checkpoint_local_path: str | None = None,
@@ -185,7 +186,11 @@ class Estimator:
         _check_job_name("base_job_name", self.base_job_name, max_len=63 - len("-YYYYMMDD-HHMMSS-fff"))
         self.framework_version, self.py_version = framework_version, py_version
         notes = check_framework(self._versions(), py_version, local=local)
-        processes = _processes_per_host(itype, distribution, processes_per_host)
+        processes = _processes_per_host(itype, None if distribution == "auto" else distribution, processes_per_host)
+        planned = None
+        if distribution == "auto":  # the plan's best fitting layout (docs/plan.md); needs the built-in trainer's shapes
+            distribution, hyperparameters, planned = _auto_distribution(entry, kind, hyperparameters, instance_type,
+                                                                        instance_count, processes)
         fields: dict[str, Any] = dict(
             entry_point=entry, entry_kind=kind, hyperparameters=hyperparameters, instance_type=instance_type,
             instance_count=instance_count, processes_per_host=processes, distribution=distribution,
@@ -203,6 +208,8 @@ class Estimator:
         )
         if checkpoint_local_path is not None:
             fields["checkpoint_local_path"] = checkpoint_local_path
+        if planned is not None:
+            fields["plan"] = planned
         if emulated_network is not None:
             if not local:
                 raise ConfigError("emulated_network", "only for instance_type='local'")
@@ -314,11 +321,24 @@ class Estimator:
         if dry_run:
             print(plan.describe())
             return plan
+        if spec.plan:
+            print(f"[trainyard] {spec.plan['summary']}", file=sys.stderr)
         job = backend.launch(spec, plan, upload_code=self._upload_code)
         self.latest_training_job = job
         if wait:
             job.wait(logs=logs)
         return job
+
+    def plan(self, *, train_tokens: float | None = None) -> Plan:
+        """Every layout of the built-in trainer's model on this Estimator's instances, best first: memory, step
+        time, tokens/s, MFU and cost (trainyard/job/plan; docs/plan.md). `plan().best` is what distribution
+        "auto" runs."""
+        spec = self._spec
+        cfg = _builtin_config(spec.entry_point, spec.entry_kind, spec.hyperparameters)
+        return plan_layouts(cfg.model, seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size,
+                            instance_type=spec.instance_type, instance_count=spec.instance_count,
+                            processes_per_host=spec.processes_per_host, precision=_precision(cfg, spec.instance_type),
+                            train_tokens=train_tokens)
 
     def _job_spec(self, inputs, job_name: str | None) -> JobSpec:
         """The spec of one job: the Estimator's, named (`job_name`, or base_job_name and the time), with
@@ -508,6 +528,47 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
             return None, entry_point, "module"
     raise ConfigError("entry_point", f"{entry_point!r} is neither a file nor an installed module; pass source_dir "
                                      "with the script in it, or a module name such as 'trainyard.engine.train'")
+
+
+def _builtin_config(entry: str, kind: str, hyperparameters: dict | None):
+    """The built-in trainer's TrainConfig from the hyperparameters (what the planner reads the model, seq_len and
+    batch from); ConfigError for another entry point or a model the planner has no shapes of."""
+    from trainyard.engine.config import parse_hyperparameters
+
+    if not (kind == "module" and entry == BUILTIN_TRAINER):
+        raise ConfigError("distribution", f"'auto' and plan() read the model, seq_len and global_batch_size of the "
+                                          f"built-in trainer ({BUILTIN_TRAINER}); for {entry!r} give the layout "
+                                          "(`trainyard plan --model ...` lists them)")
+    try:
+        cfg = parse_hyperparameters(user_args(hyperparameters or {}))
+    except ValueError as e:
+        raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
+    if cfg.model == "hf":
+        raise ConfigError("distribution", "'auto' needs the model's shapes before the job starts: with model hf, run "
+                                          "`trainyard plan --model DIR_WITH_CONFIG_JSON ...` and give its layout")
+    return cfg
+
+
+def _precision(cfg, instance_type: str) -> str:
+    """The planner's precision of the trainer's dtype (auto: bf16 on GPUs, fp32 on CPU hosts)."""
+    if cfg.dtype == "auto":
+        return "bf16" if catalog.lookup(instance_type).num_gpus else "fp32"
+    return "bf16" if cfg.dtype == "bfloat16" else "fp32"
+
+
+def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, instance_type: str, instance_count: int,
+                       processes: int) -> tuple[dict, dict, dict]:
+    """distribution "auto": (the best fitting layout's distribution, the hyperparameters with its micro-batch size,
+    the record describe() shows). A micro_batch_size the user gave is kept; the planner chooses among its layouts."""
+    cfg = _builtin_config(entry, kind, hyperparameters)
+    given = "micro_batch_size" in (hyperparameters or {})
+    chosen, result = auto_plan.choose(cfg.model, seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size,
+                                      instance_type=instance_type, instance_count=instance_count,
+                                      processes_per_host=processes, precision=_precision(cfg, instance_type),
+                                      micro_batch_size=cfg.micro_batch_size if given else None)
+    hyperparameters = {**(hyperparameters or {}), "micro_batch_size": chosen.layout.micro_batch_size}
+    record = {**auto_plan.record(chosen, result), "summary": auto_plan.summary(chosen)}
+    return chosen.layout.distribution(), hyperparameters, record
 
 
 def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:

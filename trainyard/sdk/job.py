@@ -106,6 +106,8 @@ class TrainingJob:
             out["FinalMetricDataList"] = final
         # the written rows only: the log was scraped just above, once is enough
         fingerprint = next((r["fingerprint"] for r in self._written() if isinstance(r.get("fingerprint"), dict)), None)
+        if spec.plan:  # distribution "auto": the layout the planner chose and its predictions
+            out["Plan"] = spec.plan
         if fingerprint is not None:  # what the built-in trainer measured on (trainyard/engine/components/fingerprint.py)
             out["HardwareFingerprint"] = fingerprint
         for k in ("FailureReason", "ModelArtifacts"):

@@ -1,0 +1,79 @@
+"""The planner (trainyard/job/plan) against the built-in trainer on this machine's first GPU: for each layout of
+one GPU (micro-batch, activation checkpointing; bf16, eager), the plan's peak memory, model-state bytes and MFU
+next to what the trainer's metrics report (`peak_memory_bytes`: torch.cuda.max_memory_allocated of a step).
+
+    python bench/plan_check.py [--model llama3.2-1b] [--seq-len 2048] [--steps 4] [--json PATH]
+
+Each layout is one run of `torchrun --nproc_per_node 1 -m trainyard.engine.train` in a fresh process (synthetic
+tokens, no checkpoints); figures are from its last step. The plan is for one H100 (p5.4xlarge): run it there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from trainyard.job.plan import Layout, evaluate
+from trainyard.job.plan.hardware import hardware
+from trainyard.job.plan.shapes import from_preset
+
+CASES = [(2, "none"), (4, "none"), (4, "selective"), (8, "full"), (16, "full")]  # (micro-batch, checkpointing)
+
+
+def run(model: str, seq_len: int, steps: int, micro: int, ac: str, port: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
+               "-m", "trainyard.engine.train", "--model", model, "--steps", str(steps), "--seq_len", str(seq_len),
+               "--global_batch_size", str(micro), "--micro_batch_size", str(micro), "--save_model", "false",
+               "--dtype", "bfloat16", "--warmup_steps", "1"]
+        env = {**os.environ, "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out,
+               "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return {"failed": (r.stdout + r.stderr)[-3000:]}
+        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    last = rows[-1]
+    return {"peak_bytes": max(row.get("peak_memory_bytes") or 0 for row in rows),
+            "model_state_bytes": last["model_state_bytes"], "mfu": last["mfu"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama3.2-1b")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--port", type=int, default=29521)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    shape, hw = from_preset(args.model), hardware("p5.4xlarge", 1)
+    rows = []
+    print("| micro-batch x seq | AC | peak GiB measured | planned | model states GiB measured | planned | "
+          "MFU measured | planned |", flush=True)
+    print("|" + " --- |" * 8, flush=True)
+    for micro, ac in CASES:
+        layout = Layout(dp=1, partition_group_size=1, tp=1, pp=1, pipeline_schedule="none", virtual_stages=1,
+                        micro_batch_size=micro, microbatches=1, activation_checkpointing=ac, precision="bf16")
+        planned = evaluate(shape, layout, seq_len=args.seq_len, global_batch_size=micro, hw=hw, instance_count=1)
+        got = run(args.model, args.seq_len, args.steps, micro, ac, args.port)
+        row = {"micro_batch": micro, "activation_checkpointing": ac, "planned_peak_bytes": planned.memory.total,
+               "planned_model_state_bytes": planned.memory.model_states, "planned_mfu": planned.mfu, **got}
+        rows.append(row)
+        if "failed" in got:
+            print(f"| {micro} x {args.seq_len} | {ac} | failed |", flush=True)
+            print(got["failed"], file=sys.stderr)
+            continue
+        g = 2 ** 30
+        print(f"| {micro} x {args.seq_len} | {ac} | {got['peak_bytes'] / g:.1f} | {planned.memory.total / g:.1f} | "
+              f"{got['model_state_bytes'] / g:.1f} | {planned.memory.model_states / g:.1f} | {got['mfu']:.1%} | "
+              f"{planned.mfu:.1%} |", flush=True)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"model": args.model, "seq_len": args.seq_len, "rows": rows}, fh, indent=1)
+    return 0 if all("failed" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

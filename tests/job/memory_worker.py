@@ -1,0 +1,62 @@
+"""Run a few optimizer steps of the built-in model under each layout given, and print, per layout, what this rank
+holds (model-state bytes after the step, gradients still held) and the peak bytes torch allocated during a step
+(the states held before the second step + `cpu_peak_bytes` of it). Launched as one plain process or by torchrun; rank 0
+prints one JSON line per layout (the maximum over the ranks)."""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import trainyard.engine as te
+from trainyard.engine.components.meter import cpu_peak_bytes, model_state_bytes
+from trainyard.engine.components.optim import build_optimizer
+from trainyard.engine.models.llama.model import ModelConfig, build_model
+
+SHAPE = dict(vocab_size=2048, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=768, max_seq_len=128)
+
+
+def run(distribution: dict, micro_batch_size: int, seq_len: int) -> dict:
+    ctx = te.current()
+    precision = distribution.get("mixed_precision") or "fp32"
+    model = te.transform(build_model(ModelConfig(**SHAPE)), distribution=distribution, mixed_precision=precision)
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.0)
+    dims = te.api._layout(model).dims  # this model's layout (the context's mesh is the plain one of init())
+    micro = distribution.get("gradient_accumulation_steps") or 1
+    rows = torch.randint(0, SHAPE["vocab_size"], (micro_batch_size * micro * dims.dp, seq_len + 1),
+                         generator=torch.Generator().manual_seed(0))
+    mine = rows.chunk(dims.dp)[dims.coords(ctx.rank)["dp"]]
+
+    def step():
+        te.forward_backward(model, mine[:, :-1], mine[:, 1:], te.lm_loss, microbatches=micro)
+        opt.step()
+
+    step()  # the optimizer's states exist from here on
+    opt.zero_grad(set_to_none=True)
+    gc.collect()  # the previous layout's model and optimizer go now, not inside the measured step
+    held = model_state_bytes(model, opt)["model_state_bytes"]  # parameters and optimizer states, no gradients
+    peak = held + cpu_peak_bytes(step)
+    states = model_state_bytes(model, opt)
+    out = torch.tensor([states["param_bytes"], states["grad_bytes"], states["optim_bytes"],
+                        states["model_state_bytes"], peak], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    keys = ("param_bytes", "grad_bytes", "optim_bytes", "model_state_bytes", "peak_bytes")
+    return dict(zip(keys, (int(v) for v in out.tolist())))
+
+
+def main() -> None:
+    cases = json.loads(sys.argv[1])
+    te.init({"tensor_parallel_degree": 1})
+    for case in cases:
+        result = run(case["distribution"], case["micro_batch_size"], case["seq_len"])
+        if te.current().rank == 0:
+            print("RESULT " + json.dumps({"name": case["name"], **result}), flush=True)
+    te.finish()
+
+
+if __name__ == "__main__":
+    main()

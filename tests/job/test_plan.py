@@ -1,0 +1,178 @@
+"""The planner (trainyard.job.plan): shapes, memory and step-time formulas, the layouts it enumerates (every one
+accepted by the SDK's own checks), ranking, cost and the errors for bad input. Torch-free and fast."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainyard.job.distribution import normalize
+from trainyard.job.errors import ConfigError
+from trainyard.job.plan import Layout, evaluate, layouts, plan, resolve_model
+from trainyard.job.plan import memory
+from trainyard.job.plan.hardware import hardware
+from trainyard.job.plan.shapes import from_preset
+
+GiB = 2 ** 30
+
+
+def _layout(**kw) -> Layout:
+    base = dict(dp=8, partition_group_size=8, tp=1, pp=1, pipeline_schedule="none", virtual_stages=1,
+                micro_batch_size=1, microbatches=1, activation_checkpointing="none", precision="bf16")
+    return Layout(**(base | kw))
+
+
+def test_preset_shapes_match_the_published_counts():
+    assert from_preset("llama3-8b").total_params == pytest.approx(8.03e9, rel=0.005)  # Llama 3.1 8B: 8.03B
+    assert from_preset("llama3-70b").total_params == pytest.approx(70.55e9, rel=0.005)
+    assert from_preset("llama3.2-1b").total_params == pytest.approx(1.50e9, rel=0.01)  # untied head (model.py)
+
+
+def test_hf_config_file_or_folder_reads_as_the_preset(tmp_path):
+    config = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+              "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for given in (str(tmp_path), str(tmp_path / "config.json")):
+        shape = resolve_model(given)
+        assert shape.total_params == from_preset("llama3-8b").total_params
+        assert shape.flops_per_token(2048) == from_preset("llama3-8b").flops_per_token(2048)
+    gpt2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(gpt2))
+    shape = resolve_model(str(tmp_path))
+    assert shape.tied_embeddings and not shape.gated_mlp and shape.total_params == pytest.approx(124.4e6, rel=0.01)
+
+
+@pytest.mark.parametrize("model, fragment", [("nope", "neither a built-in preset"), ("", "expected a preset")])
+def test_unknown_model_is_a_config_error(model, fragment):
+    with pytest.raises(ConfigError, match=fragment) as e:
+        resolve_model(model)
+    assert e.value.field == "model"
+
+
+def test_model_states_are_16_psi_over_p():
+    shape = from_preset("llama3-8b")
+    psi = shape.total_params
+    for p in (1, 2, 8):
+        m = memory.estimate(shape, _layout(partition_group_size=p), 2048)
+        assert m.model_states == pytest.approx(16 * psi / p, rel=1e-6)
+        assert (m.parameters, m.gradients, m.optimizer) == (pytest.approx(4 * psi / p), pytest.approx(4 * psi / p),
+                                                            pytest.approx(8 * psi / p))
+
+
+def test_checkpointing_and_pipeline_schedules_order_the_activations():
+    shape = from_preset("llama3-8b")
+    acts = {ac: memory.estimate(shape, _layout(activation_checkpointing=ac), 4096).activations
+            for ac in ("none", "selective", "full")}
+    assert acts["none"] > acts["selective"] > acts["full"]
+    pipe = dict(dp=2, partition_group_size=2, pp=4, microbatches=8)
+    gpipe = memory.estimate(shape, _layout(**pipe, pipeline_schedule="gpipe"), 4096).activations
+    one_f = memory.estimate(shape, _layout(**pipe, pipeline_schedule="1f1b"), 4096).activations
+    assert gpipe > one_f  # GPipe keeps all 8 micro-batches, 1F1B at most 4 on its first stage
+    assert memory.in_flight(_layout(**pipe, pipeline_schedule="1f1b"), 0) == 4
+    assert memory.in_flight(_layout(**pipe, pipeline_schedule="1f1b"), 3) == 1
+
+
+def test_every_layout_is_one_the_sdk_accepts():
+    shape = dataclasses.replace(from_preset("6l"), n_layers=8)  # 8 blocks: 2 stages x 2 virtual stages too
+    found = layouts(shape, seq_len=128, global_batch_size=16, world=8, gpus_per_host=4)
+    assert {(lay.tp, lay.pp) for lay in found} == {(1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8)}  # no tp 4:
+    # 2 kv heads
+    assert {lay.pipeline_schedule for lay in found} == {"none", "gpipe", "1f1b", "interleaved_1f1b"}
+    for lay in found:
+        typed = normalize(lay.distribution(), world_size=8, processes_per_host=4)
+        assert typed["mics"]["partition_group_size"] == lay.partition_group_size
+        assert lay.dp * lay.micro_batch_size * lay.microbatches == 16
+
+
+def test_plan_ranks_fitting_layouts_fastest_first_and_marks_the_rest():
+    result = plan("llama3-70b", seq_len=4096, global_batch_size=32, instance_type="ml.p5.48xlarge", instance_count=4)
+    fitting = [p for p in result.layouts if p.fits]
+    rest = [p for p in result.layouts if not p.fits]
+    assert fitting and rest and result.layouts[:len(fitting)] == fitting
+    speeds = [p.tokens_per_s_per_gpu for p in fitting]
+    assert all(later <= earlier * 1.01 for earlier, later in zip(speeds, speeds[1:]))  # within 1%: less memory
+    assert speeds[0] == pytest.approx(max(speeds), rel=0.01)
+    assert all(p.over_bytes == p.memory.total - result.hardware.usable_memory_bytes > 0 for p in rest)
+    assert [p.over_bytes for p in rest] == sorted(p.over_bytes for p in rest)
+    # 32 x 80 GiB cannot hold 70B's 1.13 TB of states on every GPU: DDP never fits
+    assert all(not p.fits for p in result.layouts if p.layout.partition_group_size * p.layout.tp * p.layout.pp == 1)
+    assert result.best is fitting[0]
+
+
+def test_several_counts_are_ranked_together_by_cost_per_token():
+    result = plan("llama3-8b", seq_len=4096, global_batch_size=64, instance_type="p4d.24xlarge",
+                  instance_count=[1, 2, 4])
+    assert result.instance_counts == (1, 2, 4) and {p.instance_count for p in result.layouts} == {1, 2, 4}
+    fitting = [p for p in result.layouts if p.fits]
+    costs = [p.usd_per_million_tokens for p in fitting]
+    assert all(later >= earlier / 1.01 for earlier, later in zip(costs, costs[1:]))  # same instance type: same order
+
+
+def test_cost_and_time_to_train():
+    hw = hardware("p5.48xlarge", 2)
+    shape = from_preset("llama3-8b")
+    p = evaluate(shape, _layout(dp=16, partition_group_size=16, micro_batch_size=2), seq_len=8192,
+                 global_batch_size=32, hw=hw, instance_count=2, train_tokens=1e9)
+    tokens_per_s = p.tokens_per_s_per_gpu * 16
+    assert p.usd_per_million_tokens == pytest.approx(2 * 55.04 / (tokens_per_s * 3600) * 1e6)
+    assert p.hours_to_train == pytest.approx(1e9 / tokens_per_s / 3600)
+    assert p.usd_to_train == pytest.approx(p.hours_to_train * 2 * 55.04)
+    assert p.mfu == pytest.approx(p.tokens_per_s_per_gpu * shape.flops_per_token(8192) / 989.4e12)
+
+
+def test_hierarchical_mics_sends_less_across_hosts_than_flat_zero3():
+    shape, hw = from_preset("llama3-8b"), hardware("p4d.24xlarge", 4)
+    accumulate = dict(dp=32, microbatches=4)  # MiCS gathers inside a host every micro-batch, syncs replicas once
+    zero3 = evaluate(shape, _layout(**accumulate, partition_group_size=32), seq_len=2048, global_batch_size=128,
+                     hw=hw, instance_count=4)
+    mics = evaluate(shape, _layout(**accumulate, partition_group_size=8), seq_len=2048, global_batch_size=128,
+                    hw=hw, instance_count=4)
+    assert mics.time.comm_inter_bytes < zero3.time.comm_inter_bytes
+    assert mics.memory.model_states == pytest.approx(4 * zero3.memory.model_states, rel=1e-3)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(instance_type="ml.p9.48xlarge"), "instance_type"),
+    (dict(instance_type="g5.48xlarge"), "instance_type"),  # no bf16 peak in the catalog
+    (dict(instance_type="p5.4xlarge", instance_count=2), "instance_count"),  # no EFA figure
+    (dict(seq_len=100_000), "seq_len"),
+    (dict(seq_len=0), "seq_len"),
+    (dict(global_batch_size=0), "global_batch_size"),
+    (dict(precision="fp8"), "precision"),
+])
+def test_bad_input_names_the_field(kwargs, field):
+    args = dict(seq_len=2048, global_batch_size=16, instance_type="p5.48xlarge", instance_count=1) | kwargs
+    with pytest.raises(ConfigError) as e:
+        plan("llama3-8b", **args)
+    assert e.value.field == field
+
+
+def test_the_planner_does_not_load_torch():
+    code = ("import sys; from trainyard.job.plan import plan; plan('llama3-8b', seq_len=2048, global_batch_size=8, "
+            "instance_type='p5.48xlarge'); print([m for m in ('torch', 'boto3') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_model_object_built_for_the_engine_plans_by_its_config():
+    from trainyard.engine.models.llama.config import MODEL_CONFIGS
+
+    class Meta:  # what the engine's meta build gives: a module whose `config` is the ModelConfig
+        config = MODEL_CONFIGS["llama3-8b"]
+
+    class HFConfig:
+        def to_dict(self):
+            return {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
+
+    class HF:
+        config = HFConfig()
+
+    for model in (Meta(), HF(), MODEL_CONFIGS["llama3-8b"]):
+        assert resolve_model(model).total_params == from_preset("llama3-8b").total_params
+    with pytest.raises(ConfigError, match="no built-in ModelConfig"):
+        resolve_model(type("Other", (), {"config": object()})())

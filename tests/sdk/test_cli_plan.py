@@ -1,0 +1,87 @@
+"""`trainyard plan`: the table on a terminal (through a pseudo-terminal), plain text piped, --json, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+from trainyard.sdk.cli import main
+
+ARGS = ["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch-size", "16", "--instance-type",
+        "ml.p5.48xlarge", "--instance-count", "1"]
+
+
+def _on_a_tty(argv: list[str]) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE",
+                                                            "TTY_INTERACTIVE")}
+    env.update(COLUMNS="200", LINES="50", TERM="xterm-256color")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "trainyard.sdk.cli", *argv], stdout=slave, stderr=subprocess.PIPE,
+                            env=env)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    return out.decode()
+
+
+def test_the_table_on_a_terminal():
+    out = _on_a_tty([*ARGS, "--top", "5", "--train-tokens", "1e10"])
+    assert "llama3-8b: 8.03B parameters" in out and "8 x NVIDIA H100" in out
+    assert "╭" in out and "tokens/s/GPU" in out and "$ to train" in out  # rich's box on a terminal
+    rows = [line for line in out.splitlines() if line.startswith("│") and "yes" in line]
+    assert len(rows) == 5 and rows[0].split("│")[1].strip() == "1"
+
+
+def test_json_lists_every_layout_best_first(capsys):
+    assert main([*ARGS, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["layouts"] and len(doc["layouts"]) > 100
+    first = doc["layouts"][0]
+    assert first["fits"] is True and 0 < first["mfu"] < 1 and first["tokens_per_s_per_gpu"] > 0
+    assert isinstance(first["memory_per_gpu_bytes"], int)
+    assert {"dp", "partition_group_size", "tp", "pp", "pipeline_schedule", "micro_batch_size", "microbatches",
+            "activation_checkpointing", "distribution"} <= set(first)
+    fits = [row["fits"] for row in doc["layouts"]]
+    assert fits == sorted(fits, reverse=True)  # every fitting layout before the first that does not
+
+
+def test_piped_table_is_plain_text(capsys):
+    assert main([*ARGS, "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "╭" not in out and "\x1b" not in out
+    assert out.splitlines()[1].split()[:3] == ["#", "fits", "dp"] and len(out.splitlines()) == 5
+
+
+def test_bad_input_exits_2_naming_the_field(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch-size", "16",
+                 "--instance-type", "g5.xlarge"]) == 2
+    assert "instance_type: 'g5.xlarge'" in capsys.readouterr().err
+
+
+def test_several_instance_counts_in_one_plan(capsys):
+    args = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch-size", "32", "--instance-type",
+            "p5.48xlarge", "--instance-count", "1-2"]
+    assert main([*args, "--json"]) == 0
+    counts = {row["instance_count"] for row in json.loads(capsys.readouterr().out)["layouts"]}
+    assert counts == {1, 2}
+    assert main([*args, "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "1/2 x p5.48xlarge" in out and out.splitlines()[1].split()[:3] == ["#", "hosts", "fits"]

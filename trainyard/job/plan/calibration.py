@@ -1,0 +1,104 @@
+"""The published training runs the planner's efficiency constants (`hardware.EFFICIENCY`) are fitted to, and
+the plan's prediction for each (tests/job/test_plan_calibration.py holds every one within 15%; docs/plan.md
+lists them with their sources).
+
+Each run is given as its authors state it: model shape, sequence length, batch, GPUs and the layout; the
+throughput in tokens/s per GPU (for the MiCS run, stated in TFLOP/s per GPU, converted with this planner's
+own FLOPs per token, 6 N + 12 L H Q T, so that the comparison is of the same quantity).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainyard.job.plan.hardware import hardware
+from trainyard.job.plan.layout import Layout
+from trainyard.job.plan.planner import evaluate
+from trainyard.job.plan.shapes import ModelShape, from_preset
+
+# MPT (llm-foundry): GPT-style blocks with a plain 4x GELU MLP, tied embeddings, padded vocabulary 50,368 (6.66B
+# and 64.9B parameters; the table's NumParams: 6,658,859,008 and 64,862,437,376)
+MPT_7B = ModelShape(name="mpt-7b", vocab_size=50368, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                    ffn_hidden=16384, gated_mlp=False, tied_embeddings=True)
+MPT_70B = ModelShape(name="mpt-70b", vocab_size=50368, dim=8192, n_layers=80, n_heads=64, n_kv_heads=64,
+                     ffn_hidden=32768, gated_mlp=False, tied_embeddings=True)
+# The 30B GPT-2-style model of SageMaker's sharded data parallelism post: its exact widths are not published;
+# 48 layers of width 7168 (56 heads of 128) with a 4x MLP is a standard 30B shape (29.9B parameters).
+GPT_30B = ModelShape(name="gpt2-30b", vocab_size=50304, dim=7168, n_layers=48, n_heads=56, n_kv_heads=56,
+                     ffn_hidden=28672, gated_mlp=False, tied_embeddings=True)
+
+
+TORCHTITAN = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 SXM 96 GB HBM2e at the 500 W limit, "
+              "400 Gb/s per GPU between hosts, seq 8192)")
+# torchtitan's measured speed-up of torch.compile + Float8 over plain bf16 FSDP (Table 1: 8,532 / 5,762 tokens/s/GPU):
+# the planner models the engine, which runs bf16 without them, so a run published with both is compared at its
+# bf16 equivalent
+FLOAT8_AND_COMPILE = 8532 / 5762
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Published:
+    name: str
+    source: str
+    model: ModelShape
+    instance_type: str
+    instance_count: int
+    seq_len: int
+    layout: Layout
+    tokens_per_s_per_gpu: float
+    note: str = ""
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.layout.dp * self.layout.micro_batch_size * self.layout.microbatches
+
+    def predicted_tokens_per_s_per_gpu(self) -> float:
+        hw = hardware(self.instance_type, self.instance_count)
+        return evaluate(self.model, self.layout, seq_len=self.seq_len, global_batch_size=self.global_batch_size,
+                        hw=hw, instance_count=self.instance_count).tokens_per_s_per_gpu
+
+    @property
+    def error(self) -> float:
+        """(predicted - published) / published."""
+        return self.predicted_tokens_per_s_per_gpu() / self.tokens_per_s_per_gpu - 1
+
+
+def _layout(*, dp: int, p: int, tp: int = 1, mbs: int = 1, micro: int = 1, ac: str) -> Layout:
+    return Layout(dp=dp, partition_group_size=p, tp=tp, pp=1, pipeline_schedule="none", virtual_stages=1,
+                  micro_batch_size=mbs, microbatches=micro, activation_checkpointing=ac, precision="bf16")
+
+
+PUBLISHED = [
+    Published(name="torchtitan Llama 3.1 8B, 8 H100, FSDP", instance_type="p5.48xlarge", instance_count=1,
+              source=f"{TORCHTITAN}, Table 1: Llama 3.1 8B, 8 GPUs, FSDP, local batch 2, selective AC, bf16, no "
+                     "compile: 5,762 tokens/s/GPU",
+              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=8, p=8, mbs=2, ac="selective"),
+              tokens_per_s_per_gpu=5762),
+    Published(name="torchtitan Llama 3.1 8B, 128 H100, FSDP", instance_type="p5.48xlarge", instance_count=16,
+              source=f"{TORCHTITAN}, Table 3: Llama 3.1 8B, 128 GPUs, FSDP, local batch 2, selective AC, bf16, no "
+                     "compile: 5,605 tokens/s/GPU",
+              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=128, p=128, mbs=2, ac="selective"),
+              tokens_per_s_per_gpu=5605),
+    Published(name="torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8", instance_type="p5.48xlarge",
+              instance_count=32,
+              source=f"{TORCHTITAN}, Table 4: Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, local batch 16, full AC, "
+                     "compile + Float8: 829 tokens/s/GPU",
+              model=from_preset("llama3-70b"), seq_len=8192, layout=_layout(dp=32, p=32, tp=8, mbs=16, ac="full"),
+              tokens_per_s_per_gpu=829 / FLOAT8_AND_COMPILE,
+              note="compared in bf16 without compile: 829 / 1.481, torchtitan's own Table 1 speed-up of "
+                   "compile + Float8 over plain FSDP on 8B (8,532 / 5,762)"),
+    Published(name="llm-foundry MPT-7B, 8 H100, FSDP", instance_type="p5.48xlarge", instance_count=1,
+              source="llm-foundry scripts/train/benchmarking/README.md (H100 80GB BF16 table: 7b, seq 2048, 8 GPUs, "
+                     "FULL_SHARD, micro-batch 6, no activation checkpointing: 46.44% MFU, 10,643 tokens/s/GPU)",
+              model=MPT_7B, seq_len=2048, layout=_layout(dp=8, p=8, mbs=6, ac="none"), tokens_per_s_per_gpu=10643),
+    Published(name="llm-foundry MPT-70B, 64 H100, FSDP", instance_type="p5.48xlarge", instance_count=8,
+              source="llm-foundry scripts/train/benchmarking/README.md (H100 80GB BF16 table: 70b, seq 2048, 64 GPUs, "
+                     "FULL_SHARD, micro-batch 8 x 4 accumulated, activation checkpointing: 42.57% MFU, 1,039 "
+                     "tokens/s/GPU)",
+              model=MPT_70B, seq_len=2048, layout=_layout(dp=64, p=64, mbs=8, micro=4, ac="full"),
+              tokens_per_s_per_gpu=1039),
+    Published(name="SageMaker MiCS 30B, 256 A100", instance_type="p4d.24xlarge", instance_count=32,
+              source="AWS ML blog on SageMaker sharded data parallelism (MiCS), 2022: 30B GPT-2-style model, seq "
+                     "2048, 256 A100 (p4d.24xlarge), 141 TFLOP/s per GPU",
+              model=GPT_30B, seq_len=2048, layout=_layout(dp=256, p=32, mbs=4, ac="full"),
+              tokens_per_s_per_gpu=141e12 / GPT_30B.flops_per_token(2048)),
+]

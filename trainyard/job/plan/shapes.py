@@ -1,0 +1,159 @@
+"""A model's shapes for planning, torch-free: a built-in preset (`MODEL_CONFIGS`) or `ModelConfig`, a Hugging
+Face `config.json` (the file, or a folder holding it) read as JSON, or a model object built for the engine (the
+built-in Transformer or an HF causal LM, e.g. on the meta device), read from its config.
+
+Parameter counts follow the built-in Llama-style block (the same counts the engine's modules have): attention
+q/o of dim x dim, k/v of dim x (kv heads x head width), a gated (SwiGLU: 3 matrices) or plain (2 matrices) MLP
+of hidden width `ffn_hidden`, two norms of `dim`; an embedding table, a final norm and a head of
+vocab x dim (none when tied to the embedding).
+
+Model FLOPs per token follow `trainyard/engine/components/flops.py`: 6 N + 12 L H Q T, N every parameter but
+the input embedding table (a tied table is the head and counts).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from trainyard.engine.models.llama.config import MODEL_CONFIGS, ModelConfig
+from trainyard.job.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelShape:
+    name: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    gated_mlp: bool = True
+    """SwiGLU (3 matrices, Llama) or a plain MLP (2 matrices, GPT-2/MPT)."""
+    tied_embeddings: bool = False
+    max_seq_len: int | None = None
+    head_dim_override: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.dim // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def block_matrix_params(self) -> int:
+        """Parameters of one block's matrices (what tensor parallelism splits)."""
+        q = self.n_heads * self.head_dim
+        attention = 2 * self.dim * q + 2 * self.dim * self.kv_dim
+        return attention + (3 if self.gated_mlp else 2) * self.dim * self.ffn_hidden
+
+    @property
+    def block_params(self) -> int:
+        return self.block_matrix_params + 2 * self.dim  # two norms
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.dim
+
+    @property
+    def head_params(self) -> int:
+        """The output head's own parameters (0 when tied) and the final norm."""
+        return (0 if self.tied_embeddings else self.vocab_size * self.dim) + self.dim
+
+    @property
+    def total_params(self) -> int:
+        return self.n_layers * self.block_params + self.embedding_params + self.head_params
+
+    @property
+    def matmul_params(self) -> int:
+        """N of 6 N: every parameter but the input embedding table (a tied one is the head's weight)."""
+        return self.total_params - (0 if self.tied_embeddings else self.embedding_params)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs of one training token (forward + backward, no recomputation)."""
+        return 6.0 * self.matmul_params + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
+
+    def attention_flops_per_token(self, seq_len: int) -> float:
+        return 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
+
+
+def from_preset(name: str) -> ModelShape:
+    return from_config(MODEL_CONFIGS[name], name)
+
+
+# Hugging Face config keys: Llama-family names first, then GPT-2's
+_KEYS = {"dim": ("hidden_size", "n_embd", "d_model"), "n_layers": ("num_hidden_layers", "n_layer", "n_layers"),
+         "n_heads": ("num_attention_heads", "n_head", "n_heads"), "vocab_size": ("vocab_size",)}
+
+
+def from_hf_config(config: dict, name: str) -> ModelShape:
+    """The shape of a Hugging Face causal LM's config (Llama, Mistral, Qwen2 and GPT-2 style keys)."""
+    def get(field: str) -> int:
+        for key in _KEYS[field]:
+            if isinstance(config.get(key), int):
+                return config[key]
+        raise ConfigError("model", f"{name}: config.json has none of {list(_KEYS[field])}; it needs the model's "
+                                   f"{field} (a Llama- or GPT-2-style config)")
+
+    dim, heads = get("dim"), get("n_heads")
+    gated = "intermediate_size" in config  # Llama-style configs name the SwiGLU width so
+    ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * dim
+    # HF's PretrainedConfig ties by default; Llama-family configs write tie_word_embeddings explicitly
+    tied = bool(config.get("tie_word_embeddings", not gated))
+    return ModelShape(name=name, vocab_size=get("vocab_size"), dim=dim, n_layers=get("n_layers"), n_heads=heads,
+                      n_kv_heads=config.get("num_key_value_heads") or heads, ffn_hidden=ffn, gated_mlp=gated,
+                      tied_embeddings=tied,
+                      max_seq_len=config.get("max_position_embeddings") or config.get("n_positions"),
+                      head_dim_override=config.get("head_dim"))
+
+
+def from_config(config: ModelConfig, name: str = "model") -> ModelShape:
+    """The shape of a built-in model's `ModelConfig`."""
+    return ModelShape(name=name, vocab_size=config.vocab_size, dim=config.dim, n_layers=config.n_layers,
+                      n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, ffn_hidden=config.ffn_hidden,
+                      max_seq_len=config.max_seq_len)
+
+
+def from_module(model: object) -> ModelShape:
+    """The shape of a model object, as built for the engine (on the meta device costs nothing): the built-in
+    Transformer (its `ModelConfig`) or a Hugging Face causal LM (its config). Read from attributes: no torch call."""
+    config = getattr(model, "config", None)
+    name = type(model).__name__
+    if isinstance(config, ModelConfig):
+        return from_config(config, name)
+    if hasattr(config, "to_dict"):  # a Hugging Face PretrainedConfig
+        return from_hf_config(config.to_dict(), name)
+    raise ConfigError("model", f"{name} has no built-in ModelConfig or Hugging Face config to read its shapes "
+                               "from; pass a preset, a config.json or a ModelShape")
+
+
+def resolve_model(model: object) -> ModelShape:
+    """A ModelShape, a preset name, a config.json path or a folder holding one, a `ModelConfig`, or a model
+    object (`from_module`); ConfigError naming the choices otherwise."""
+    if isinstance(model, ModelShape):
+        return model
+    if isinstance(model, ModelConfig):
+        return from_config(model)
+    if not isinstance(model, str) and hasattr(model, "config"):
+        return from_module(model)
+    if not isinstance(model, str) or not model:
+        raise ConfigError("model", f"expected a preset name ({', '.join(MODEL_CONFIGS)}), a config.json path or a "
+                                   f"folder holding one, got {model!r}")
+    if model in MODEL_CONFIGS:
+        return from_preset(model)
+    path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    if not os.path.isfile(path):
+        raise ConfigError("model", f"{model!r} is neither a built-in preset ({', '.join(MODEL_CONFIGS)}) nor a "
+                                   "config.json file or a folder holding one")
+    try:
+        with open(path) as fh:
+            config = json.load(fh)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError("model", f"cannot read {path} as JSON ({e}); pass a Hugging Face config.json") from None
+    if not isinstance(config, dict):
+        raise ConfigError("model", f"{path} holds {type(config).__name__}, not a JSON object; pass a Hugging Face "
+                                   "config.json")
+    return from_hf_config(config, os.path.basename(os.path.dirname(os.path.abspath(path))) or path)

@@ -1,0 +1,138 @@
+"""Time of one optimizer step on the engine, per GPU, from FLOPs and bytes.
+
+Compute: hardware FLOPs of the rank's tokens (model FLOPs 6 N + 12 L H Q T, plus the forward recomputed by
+activation checkpointing: 2 N_blocks + 4 L H Q T per token for full, half of it for selective) at the GPU's
+calibrated efficiency (attention at ATTENTION_RELATIVE_EFFICIENCY of it), stretched by the pipeline bubble
+(pp - 1) / (v m).
+
+Communication, bytes each rank sends per step (ring algorithm; REFERENCE.md, engine meter):
+- MiCS / FSDP2 over the partition group of p ranks, per micro-batch: all-gather of the stage's parameters in the
+  compute dtype before forward and again before backward (reshard after forward), reduce-scatter of the fp32
+  gradients: (2 c + 4) Psi_rank (p - 1) / p. A group spanning k hosts runs both in two hops: (k - 1) / p of the
+  bytes cross hosts, the rest stays inside.
+- across the r replicas, once per step (2-hop sync): all-reduce of the fp32 gradient shard, 2 x 4 Psi_rank / p
+  x (r - 1) / r.
+- tensor parallelism with sequence parallelism, per block and micro-batch: 2 all-gathers and 2 reduce-scatters
+  of the block's activations (b s dim c) in forward, as many in backward, again in a recomputed forward.
+- pipeline: each micro-batch's activations and their gradients cross every stage boundary (v per rank).
+Overlap: the engine prefetches the next block's all-gather and reduce-scatters while backward runs, and its
+replica sync is bucketed behind the backward: those hide under compute except the first gather and last
+reduce-scatter (one block's worth); tensor-parallel and pipeline transfers are waited for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainyard.job.plan.hardware import ATTENTION_RELATIVE_EFFICIENCY, Hardware
+from trainyard.job.plan.layout import Layout
+from trainyard.job.plan.memory import COMPUTE_BYTES
+from trainyard.job.plan.shapes import ModelShape
+
+RECOMPUTED = {"none": 0.0, "selective": 0.5, "full": 1.0}  # share of the blocks whose forward runs twice
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepTime:
+    compute_s: float
+    bubble_s: float
+    comm_intra_bytes: float
+    comm_inter_bytes: float
+    overlapped_comm_s: float
+    """Communication the engine overlaps with compute (MiCS gathers and reductions, replica sync)."""
+    exposed_comm_s: float
+    """Communication the step waits for."""
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.exposed_comm_s
+
+
+def hardware_flops_per_token(shape: ModelShape, seq_len: int, ac: str) -> tuple[float, float]:
+    """(matrix-multiply FLOPs, attention FLOPs) of one token, recomputation included."""
+    attention = shape.attention_flops_per_token(seq_len)
+    dense = shape.flops_per_token(seq_len) - attention
+    share = RECOMPUTED[ac]
+    block_dense = 2.0 * shape.n_layers * shape.block_matrix_params  # a block's forward: 2 FLOPs per weight
+    return dense + share * block_dense, attention * (1 + share / 3)  # forward attention is a third of fwd + bwd
+
+
+def _crosses_hosts(group: int, stride: int, gpus_per_host: int, hosts: int) -> bool:
+    """Whether a group of `group` ranks `stride` apart spans more than one host."""
+    return hosts > 1 and group > 1 and group * stride > gpus_per_host
+
+
+@dataclass
+class _Traffic:
+    """Bytes sent per rank and step, split intra- / inter-host, and the seconds they take."""
+    intra: float = 0.0
+    inter: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, nbytes: float, *, inter: bool, hw: Hardware) -> None:
+        if inter:
+            self.inter += nbytes
+            self.seconds += nbytes / (hw.inter_bytes_per_s or hw.intra_bytes_per_s)
+        else:
+            self.intra += nbytes
+            self.seconds += nbytes / hw.intra_bytes_per_s
+
+
+def _stage_params(shape: ModelShape, layout: Layout) -> float:
+    """Parameters of an average rank: its blocks' matrices over tp, their norms, its share of the root."""
+    layers = shape.n_layers // layout.pp
+    return layers * (shape.block_matrix_params / layout.tp + 2 * shape.dim) + \
+        (shape.embedding_params + shape.head_params) / (layout.tp * layout.pp)
+
+
+def _sharding_traffic(shape: ModelShape, layout: Layout, hw: Hardware, hosts: int) -> _Traffic:
+    """MiCS's gathers and reduce-scatters inside the partition group (ranks tp apart) every micro-batch, two
+    hops when the group spans k hosts ((k - 1) of the p - 1 shards cross them); the replicas' all-reduce of
+    the fp32 gradient shard (ranks p x tp apart) once per step. The engine overlaps all of it with compute."""
+    c = COMPUTE_BYTES[layout.precision]
+    p, r, tp, gph = layout.partition_group_size, layout.replicas, layout.tp, hw.gpus_per_host
+    params = _stage_params(shape, layout)
+    traffic = _Traffic()
+    if p > 1:
+        gathered = layout.microbatches * (2 * c + 4) * params * (p - 1) / p
+        crossing = 0.0
+        if _crosses_hosts(p, tp, gph, hosts):
+            crossing = gathered * (p * tp // gph - 1) / (p - 1)
+        traffic.add(gathered - crossing, inter=False, hw=hw)
+        traffic.add(crossing, inter=True, hw=hw)
+    if r > 1:
+        traffic.add(2 * 4 * params / p * (r - 1) / r, inter=_crosses_hosts(r, p * tp, gph, hosts), hw=hw)
+    return traffic
+
+
+def _waited_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardware, hosts: int) -> _Traffic:
+    """Tensor parallelism (4 collectives of a block's activations forward, 4 backward, 4 per recomputed forward,
+    per block and micro-batch) and the pipeline's sends (activations forward, their gradients backward, across
+    v boundaries per rank): the step waits for them."""
+    c = COMPUTE_BYTES[layout.precision]
+    tp, pp, m = layout.tp, layout.pp, layout.microbatches
+    mb_tokens = layout.micro_batch_size * seq_len
+    traffic = _Traffic()
+    if tp > 1:
+        calls = 8 + 4 * RECOMPUTED[layout.activation_checkpointing]
+        layers = shape.n_layers // pp
+        traffic.add(m * layers * calls * mb_tokens * shape.dim * c * (tp - 1) / tp, inter=False, hw=hw)
+    if pp > 1:
+        traffic.add(m * 2 * layout.virtual_stages * mb_tokens * shape.dim * c / tp,
+                    inter=_crosses_hosts(pp, layout.world // pp, hw.gpus_per_host, hosts), hw=hw)
+    return traffic
+
+
+def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int, hw: Hardware, hosts: int) -> StepTime:
+    dense, attention = hardware_flops_per_token(shape, seq_len, layout.activation_checkpointing)
+    tokens_per_gpu = global_batch * seq_len / layout.world
+    rate = hw.efficiency * hw.peak_flops
+    compute = tokens_per_gpu * (dense / rate + attention / (rate * ATTENTION_RELATIVE_EFFICIENCY))
+    bubble = compute * (layout.pp - 1) / (layout.virtual_stages * layout.microbatches) if layout.pp > 1 else 0.0
+    hidden = _sharding_traffic(shape, layout, hw, hosts)
+    waited = _waited_traffic(shape, layout, seq_len, hw, hosts)
+    # what overlap cannot hide: one block's gather and reduction at each end, and anything longer than compute
+    edge = hidden.seconds / max(1, (shape.n_layers // layout.pp) * layout.microbatches)
+    exposed = waited.seconds + max(edge, hidden.seconds - compute)
+    return StepTime(compute_s=compute, bubble_s=bubble, comm_intra_bytes=hidden.intra + waited.intra,
+                    comm_inter_bytes=hidden.inter + waited.inter, overlapped_comm_s=hidden.seconds,
+                    exposed_comm_s=exposed)
