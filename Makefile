@@ -33,8 +33,9 @@ browser:
 	  (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	   (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium))) || true
 
+# --durations: the slowest cases in every run's log, to keep the suite within its 40-minute budget
 test: $(STAMP) $(CHECKOV) browser
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow'
