@@ -8,13 +8,10 @@ the session's embedded store, each with buckets of its own.
 import argparse
 import json
 import os
-import pty
 import re
-import select
 import shlex
 import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -383,30 +380,6 @@ def test_store_address_and_stop(home, capsys):
 # ---- what a person sees on a terminal
 
 
-def _on_a_tty(argv, env) -> str:
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "trainyard.sdk.cli", *argv], stdout=slave,
-                            stderr=subprocess.PIPE, env=env)
-    os.close(slave)
-    out = b""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    return out.decode()
-
-
 def _piped(argv, env) -> str:
     return subprocess.run([sys.executable, "-m", "trainyard.sdk.cli", *argv], capture_output=True, text=True,
                           env=env, check=True, timeout=120).stdout
@@ -419,9 +392,9 @@ def _tty_env() -> dict:
     return env
 
 
-def test_jobs_on_a_terminal_and_piped(home):
+def test_jobs_on_a_terminal_and_piped(home, on_a_tty):
     fake_job("tty-job", metrics=[{"step": 7, "loss": 1.5}])
-    tty = _on_a_tty(["jobs"], _tty_env())
+    tty = on_a_tty(["jobs"], _tty_env())
     assert BOX.search(tty)
     header = next(line for line in tty.splitlines() if "name" in line)
     assert all(h in header for h in ("status", "hosts", "started", "duration", "last step/loss"))
@@ -431,16 +404,16 @@ def test_jobs_on_a_terminal_and_piped(home):
     assert re.search(r"^tty-job +Completed +2 x local +.*step 7, loss 1.5$", piped, re.M)
 
 
-def test_store_ls_on_a_terminal_and_piped(tmp_path, bucket):
+def test_store_ls_on_a_terminal_and_piped(tmp_path, bucket, on_a_tty):
     (tmp_path / "f.bin").write_bytes(b"x" * 2048)
     assert main(["store", "put", str(tmp_path / "f.bin"), f"s3://{bucket}/data/f.bin"]) == 0
-    tty = _on_a_tty(["store", "ls", f"s3://{bucket}/data"], _tty_env())
+    tty = on_a_tty(["store", "ls", f"s3://{bucket}/data"], _tty_env())
     assert BOX.search(tty) and re.search(r"key.*size", tty) and re.search(r"data/f\.bin.*2\.0 KiB", tty)
     piped = _piped(["store", "ls", f"s3://{bucket}/data"], _tty_env())
     lines = piped.splitlines()
     assert [line.split() for line in lines] == [["key", "size"], ["data/f.bin", "2.0", "KiB"]]
     assert len(lines[0]) == len(lines[1])  # sizes right-aligned under their header
-    tty = _on_a_tty(["store", "ls"], _tty_env())
+    tty = on_a_tty(["store", "ls"], _tty_env())
     assert BOX.search(tty) and re.search(r"bucket.*created", tty) and bucket in tty
 
 

@@ -3,11 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
-import subprocess
-import sys
-import time
 
 from trainyard.sdk.cli import main
 
@@ -15,35 +10,15 @@ ARGS = ["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch-siz
         "ml.p5.48xlarge", "--instance-count", "1"]
 
 
-def _on_a_tty(argv: list[str]) -> str:
+def _tty_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE",
                                                             "TTY_INTERACTIVE")}
     env.update(COLUMNS="200", LINES="50", TERM="xterm-256color")
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "trainyard.sdk.cli", *argv], stdout=slave, stderr=subprocess.PIPE,
-                            env=env)
-    os.close(slave)
-    out = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    return out.decode()
+    return env
 
 
-def test_the_table_on_a_terminal():
-    out = _on_a_tty([*ARGS, "--top", "5", "--train-tokens", "1e10"])
+def test_the_table_on_a_terminal(on_a_tty):
+    out = on_a_tty([*ARGS, "--top", "5", "--train-tokens", "1e10"], _tty_env())
     assert "llama3-8b: 8.03B parameters" in out and "8 x NVIDIA H100" in out
     assert "╭" in out and "tokens/s/GPU" in out and "$ to train" in out  # rich's box on a terminal
     rows = [line for line in out.splitlines() if line.startswith("│") and "yes" in line]
