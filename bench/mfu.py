@@ -40,30 +40,40 @@ CONFIGS = {
 WARMUP_STEPS = 3
 
 
-def one_run(name: str, args) -> dict:
-    micro, compile_on, kernels, ac = CONFIGS[name]
+def train_one_gpu(hyperparameters: list[str], *, port: int, timeout: float, env: dict | None = None,
+                  ac: str = "none") -> tuple[list[dict] | None, str, list[str], float]:
+    """`torchrun --nproc_per_node 1 -m trainyard.engine.train HYPERPARAMETERS` in a fresh process (synthetic tokens,
+    no checkpoints, no model written, heartbeats on): (its metrics rows or None, the rank's error when it failed,
+    the heartbeat files written, wall seconds). Also bench/plan_check.py's runner."""
     with tempfile.TemporaryDirectory() as out:
         beats = os.path.join(out, "heartbeat")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
-               str(args.port), "-m", "trainyard.engine.train", "--model", "hf" if args.hf_config else args.model,
-               "--steps", str(args.steps),
-               "--seq_len", str(args.seq_len), "--global_batch_size", str(micro), "--micro_batch_size",
-               str(micro), "--save_model", "false", "--kernels", kernels, "--compile", str(compile_on).lower(),
-               "--warmup_steps", "2", "--log_every", "4"]
-        env = {**os.environ, "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out, "TRAINYARD_HEARTBEAT_DIR": beats,
-               "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
-        if args.hf_config:  # the trainer's model hf reads the model channel's config.json (random weights)
-            env["SM_CHANNEL_MODEL"] = os.path.abspath(args.hf_config)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
+               "-m", "trainyard.engine.train", "--save_model", "false", *hyperparameters]
+        env = {**os.environ, **(env or {}), "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out,
+               "TRAINYARD_HEARTBEAT_DIR": beats, "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
         env.pop("TRITON_INTERPRET", None)
         t0 = time.time()
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         wall = time.time() - t0
         if r.returncode != 0:
             text = r.stdout + r.stderr
             start = text.rfind("Traceback (most recent call last)")  # the rank's own error, not torchrun's summary
-            return {"name": name, "failed": text[start:start + 6000] if start >= 0 else text[-6000:]}
+            return None, text[start:start + 6000] if start >= 0 else text[-6000:], [], wall
         rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-        beat_files = sorted(os.listdir(beats)) if os.path.isdir(beats) else []
+        return rows, "", sorted(os.listdir(beats)) if os.path.isdir(beats) else [], wall
+
+
+def one_run(name: str, args) -> dict:
+    micro, compile_on, kernels, ac = CONFIGS[name]
+    # with --hf-config, the trainer's model hf reads the model channel's config.json (random weights)
+    rows, failure, beat_files, wall = train_one_gpu(
+        ["--model", "hf" if args.hf_config else args.model, "--steps", str(args.steps), "--seq_len", str(args.seq_len),
+         "--global_batch_size", str(micro), "--micro_batch_size", str(micro), "--kernels", kernels,
+         "--compile", str(compile_on).lower(), "--warmup_steps", "2", "--log_every", "4"],
+        port=args.port, timeout=args.timeout, ac=ac,
+        env={"SM_CHANNEL_MODEL": os.path.abspath(args.hf_config)} if args.hf_config else None)
+    if rows is None:
+        return {"name": name, "failed": failure}
     steady = rows[WARMUP_STEPS:] or rows
     first = rows[0]
 

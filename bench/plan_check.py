@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 
+from mfu import train_one_gpu  # bench/mfu.py, beside this file
 from trainyard.job.plan import Layout, evaluate
 from trainyard.job.plan.hardware import hardware
 from trainyard.job.plan.shapes import from_preset
@@ -24,17 +22,11 @@ CASES = [(2, "none"), (4, "none"), (4, "selective"), (8, "full"), (16, "full")] 
 
 
 def run(model: str, seq_len: int, steps: int, micro: int, ac: str, port: int) -> dict:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
-               "-m", "trainyard.engine.train", "--model", model, "--steps", str(steps), "--seq_len", str(seq_len),
-               "--global_batch_size", str(micro), "--micro_batch_size", str(micro), "--save_model", "false",
-               "--dtype", "bfloat16", "--warmup_steps", "1"]
-        env = {**os.environ, "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out,
-               "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            return {"failed": (r.stdout + r.stderr)[-3000:]}
-        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    rows, failure, _, _ = train_one_gpu(
+        ["--model", model, "--steps", str(steps), "--seq_len", str(seq_len), "--global_batch_size", str(micro),
+         "--micro_batch_size", str(micro), "--dtype", "bfloat16", "--warmup_steps", "1"], port=port, timeout=600, ac=ac)
+    if rows is None:
+        return {"failed": failure}
     last = rows[-1]
     return {"peak_bytes": max(row.get("peak_memory_bytes") or 0 for row in rows),
             "model_state_bytes": last["model_state_bytes"], "mfu": last["mfu"]}
