@@ -11,7 +11,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from tests.sdk.test_cli import _on_a_tty, _piped, _sleeper, _tty_env, fake_job, home  # noqa: F401 (fixture)
+from tests.sdk.test_cli import _piped, _sleeper, _tty_env, fake_job, home  # noqa: F401 (fixture)
 from trainyard.sdk import live, packaging
 from trainyard.sdk.joblog import stamped
 from trainyard.sdk.jobstate import read_json, write_json
@@ -52,8 +52,8 @@ def _follow(name, rows, lines, runner):
         sleeper.kill()
 
 
-def test_logs_follow_draws_a_live_line_on_a_terminal(home):
-    out = _follow("live-tty", ROWS, ["[algo-1/0] step 3/4", "[algo-1/0] step 4/4"], _on_a_tty)
+def test_logs_follow_draws_a_live_line_on_a_terminal(home, on_a_tty):
+    out = _follow("live-tty", ROWS, ["[algo-1/0] step 3/4", "[algo-1/0] step 4/4"], on_a_tty)
     assert CONTROL.search(out)  # rich redraws the line in place
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
     # 2 steps left at the last rows' 45 s a step
