@@ -41,16 +41,17 @@ WARMUP_STEPS = 3
 
 
 def train_one_gpu(hyperparameters: list[str], *, port: int, timeout: float, env: dict | None = None,
-                  ac: str = "none") -> tuple[list[dict] | None, str, list[str], float]:
+                  ac: str = "none", distribution: dict | None = None) -> tuple[list[dict] | None, str, list[str], float]:
     """`torchrun --nproc_per_node 1 -m trainyard.engine.train HYPERPARAMETERS` in a fresh process (synthetic tokens,
-    no checkpoints, no model written, heartbeats on): (its metrics rows or None, the rank's error when it failed,
-    the heartbeat files written, wall seconds). Also bench/plan_check.py's runner."""
+    no checkpoints, no model written, heartbeats on) under `distribution` with activation checkpointing `ac`:
+    (its metrics rows or None, the rank's error when it failed, the heartbeat files written, wall seconds). Also
+    bench/plan_check.py's runner."""
     with tempfile.TemporaryDirectory() as out:
         beats = os.path.join(out, "heartbeat")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(port),
                "-m", "trainyard.engine.train", "--save_model", "false", *hyperparameters]
         env = {**os.environ, **(env or {}), "SM_OUTPUT_DATA_DIR": out, "SM_MODEL_DIR": out,
-               "TRAINYARD_HEARTBEAT_DIR": beats, "TRAINYARD_DISTRIBUTION": json.dumps({"activation_checkpointing": ac})}
+               "TRAINYARD_HEARTBEAT_DIR": beats, "TRAINYARD_DISTRIBUTION": json.dumps({**(distribution or {}), "activation_checkpointing": ac})}
         env.pop("TRITON_INTERPRET", None)
         t0 = time.time()
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -132,6 +132,24 @@ def check_collectives(pph: int) -> dict[str, bool]:
             "reduce_scatter_identical": torch.equal(out_flat, out_hier)}
 
 
+def check_host_norm(pph: int) -> bool:
+    """parallelize.host_squared_norm (the gradient norm of CPU-offloaded shards, summed over the mesh dimensions
+    that shard them) equals the norm of the full tensors, on a 2-D (replicate, shard) mesh and a 1-D one."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from trainyard.engine.distributed.parallelize import host_squared_norm
+    world = dist.get_world_size()
+    dims = ParallelDims(dp_replicate=2, dp_shard=world // 2, world_size=world, processes_per_host=pph)
+    dims.build_mesh("cpu")
+    g = torch.Generator().manual_seed(7)  # every rank the same full tensors
+    full = [torch.randn(12, 5, generator=g), torch.randn(9, generator=g)]
+    want = sum(t.pow(2).sum() for t in full)
+    ok = True
+    for mesh, placements in ((dims.dp_mesh(), [Replicate(), Shard(0)]), (dims.mesh["dp_shard"], [Shard(0)])):
+        got = host_squared_norm([distribute_tensor(t, mesh, placements) for t in full])
+        ok = ok and abs(got.item() - want.item()) <= 1e-5 * want.item()
+    return ok
+
+
 def measure(case: dict, pph: int) -> dict:
     """One optimizer step of `case` under the comm meter; the totals, model-state bytes and model sizes."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -157,6 +175,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     pph = int(os.environ["LOCAL_WORLD_SIZE"])
     errors: dict = check_collectives(pph)
+    errors["host_norm_equal"] = check_host_norm(pph)
     oracles: dict[int, dict] = {}
     for case in cases:
         if case.get("compare_syncs"):

@@ -78,6 +78,8 @@ def test_unknown_distribution_keys_name_the_path_and_the_closest(distribution, n
     ({"replica_sync": "native", "replica_compression": "int8"}, "needs mics.replica_sync 'bucketed'"),
     ({"replica_bucket_mb": 0}, "mics.replica_bucket_mb must be a number > 0, got 0"),
     ({"hierarchical_chunks": 0}, "mics.hierarchical_chunks must be an integer >= 1, got 0"),
+    ({"cpu_offload": "yes"}, "mics.cpu_offload must be true or false, got 'yes'"),
+    ({"cpu_offload": True, "replica_compression": "bf16"}, "with mics.cpu_offload the replicas sync through FSDP2's"),
 ])
 def test_replica_sync_settings_are_checked(mics, named):
     from trainyard.engine.distributed.parallelism import Parallelism

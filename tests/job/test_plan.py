@@ -96,11 +96,48 @@ def test_plan_ranks_fitting_layouts_fastest_first_and_marks_the_rest():
     speeds = [p.tokens_per_s_per_gpu for p in fitting]
     assert all(later <= earlier * 1.01 for earlier, later in zip(speeds, speeds[1:]))  # within 1%: less memory
     assert speeds[0] == pytest.approx(max(speeds), rel=0.01)
-    assert all(p.over_bytes == p.memory.total - result.hardware.usable_memory_bytes > 0 for p in rest)
-    assert [p.over_bytes for p in rest] == sorted(p.over_bytes for p in rest)
+    usable = result.hardware.usable_memory_bytes
+    assert all(p.over_bytes == max(0, p.memory.total - usable) and p.over_bytes + p.host_over_bytes > 0 for p in rest)
+    assert [p.over_bytes + p.host_over_bytes for p in rest] == sorted(p.over_bytes + p.host_over_bytes for p in rest)
     # 32 x 80 GiB cannot hold 70B's 1.13 TB of states on every GPU: DDP never fits
     assert all(not p.fits for p in result.layouts if p.layout.partition_group_size * p.layout.tp * p.layout.pp == 1)
     assert result.best is fitting[0]
+
+
+def test_cpu_offload_moves_the_model_states_to_the_host_and_costs_time():
+    shape, hw = from_preset("llama3-8b"), hardware("p5.48xlarge", 1)
+    kept, offloaded = (evaluate(shape, _layout(cpu_offload=off), seq_len=4096, global_batch_size=8, hw=hw,
+                                instance_count=1) for off in (False, True))
+    states = kept.memory.model_states
+    assert states == pytest.approx(16 * shape.total_params / 8, rel=1e-6)
+    assert offloaded.memory.model_states == 0 and offloaded.memory.host == pytest.approx(states, rel=1e-6)
+    assert kept.memory.host == 0
+    # the GPU keeps activations and buffers: its peak drops by the parameters and optimizer states it no longer holds
+    drop = kept.memory.parameters + kept.memory.optimizer
+    assert kept.memory.total - offloaded.memory.total == pytest.approx(drop, rel=0.05)
+    # slower: the host's AdamW over the rank's 1e9 parameters, at least
+    assert offloaded.time.offload_s >= shape.total_params / 8 / 1e9 > 0 == kept.time.offload_s
+    assert offloaded.time.step_s > kept.time.step_s
+    assert offloaded.layout.distribution()["mics"]["cpu_offload"] is True
+    assert normalize(offloaded.layout.distribution(), world_size=8, processes_per_host=8)["mics"]["cpu_offload"]
+
+
+def test_offload_is_chosen_only_when_nothing_else_fits_and_host_memory_is_checked():
+    one_gpu = plan("llama3-8b", seq_len=4096, global_batch_size=8, instance_type="p5.4xlarge")
+    assert one_gpu.best.layout.cpu_offload  # 128 GB of states on one 80 GiB GPU: only offloaded layouts fit
+    assert not any(p.fits for p in one_gpu.layouts if not p.layout.cpu_offload)
+    eight = plan("llama3-8b", seq_len=4096, global_batch_size=16, instance_type="p5.48xlarge")
+    assert not eight.best.layout.cpu_offload  # sharded over 8 GPUs it fits without: faster
+    assert any(p.layout.cpu_offload for p in eight.layouts)
+    # 70B on one GPU: its 1.1 TB of states do not fit in the host memory of a p5.4xlarge either
+    big = plan("llama3-70b", seq_len=4096, global_batch_size=8, instance_type="p5.4xlarge")
+    assert big.best is None
+    worst = big.layouts[0]
+    assert worst.layout.cpu_offload and worst.over_bytes == 0 and worst.host_over_bytes == \
+        worst.memory.host - big.hardware.usable_host_memory_per_gpu > 0
+    # CPU hosts have nothing to offload to: never enumerated there
+    local = plan("10m", seq_len=64, global_batch_size=8, instance_type="local", processes_per_host=2)
+    assert not any(p.layout.cpu_offload for p in local.layouts)
 
 
 def test_several_counts_are_ranked_together_by_cost_per_token():

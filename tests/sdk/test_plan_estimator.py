@@ -1,5 +1,7 @@
 """Estimator.plan() and distribution="auto", built without running a job (the 2 x 2 job:
 tests/e2e/test_plan_auto.py)."""
+import re
+
 import pytest
 
 from trainyard import Estimator
@@ -37,11 +39,61 @@ def test_plan_lists_layouts_of_the_hyperparameters_model():
     assert len(result.layouts) > 10 and all(p.layout.world == 4 for p in result.layouts)
 
 
-def test_auto_for_a_script_or_an_unfitting_model_is_a_config_error(tmp_path):
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    with pytest.raises(ConfigError, match="built-in trainer") as e:
-        Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local", distribution="auto")
+HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+             "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 2048, "max_position_embeddings": 512, "tie_word_embeddings": False}
+
+
+def _hf_folder(tmp_path):
+    import json
+
+    d = tmp_path / "my-llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(HF_CONFIG))
+    return d
+
+
+def test_auto_with_model_hf_reads_the_local_model_uris_config(tmp_path):
+    d = _hf_folder(tmp_path)
+    est = _est(distribution="auto", model_uri=f"file://{d}", hyperparameters={**HPS, "model": "hf"})
+    result = est.plan()
+    assert result.model.name == "my-llama" and result.model.dim == 256 and result.model.n_kv_heads == 2
+    assert est.distribution == result.best.layout.distribution()
+    assert est.hyperparameters()["micro_batch_size"] == result.best.layout.micro_batch_size
+    # an S3 model channel cannot be read before the job: the config named in the auto form instead
+    est = _est(distribution={"auto": {"model": str(d / "config.json")}}, model_uri="s3://bucket/my-llama",
+               hyperparameters={**HPS, "model": "hf"})
+    assert est.plan().model.name == "my-llama"
+    with pytest.raises(ConfigError, match="model_uri as file://") as e:
+        _est(distribution="auto", model_uri="s3://bucket/my-llama", hyperparameters={**HPS, "model": "hf"})
     assert e.value.field == "distribution"
+
+
+def test_auto_for_a_script_of_your_own_takes_the_shapes_in_the_auto_form(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    script = dict(entry_point="train.py", source_dir=str(tmp_path), instance_type="local", instance_count=2,
+                  processes_per_host=2, hyperparameters={"epochs": 1})
+    d = _hf_folder(tmp_path)
+    est = Estimator(**script, distribution={"auto": {"model": str(d), "seq_len": 64, "global_batch_size": 8,
+                                                     "micro_batch_size": 2}})
+    best = est.plan().best
+    assert est.distribution == best.layout.distribution() and best.layout.micro_batch_size == 2
+    assert est.hyperparameters() == {"epochs": 1}  # a script's own arguments are left as they are
+    assert est._spec.plan["model"] == "my-llama"
+    # without the auto form, plan() takes the shapes as arguments
+    plain = Estimator(**script)
+    assert plain.plan(model="10m", seq_len=64, global_batch_size=8).model.name == "10m"
+    for distribution, text in [("auto", "give ['model', 'seq_len', 'global_batch_size']"),
+                               ({"auto": {"model": "10m"}}, "give ['seq_len', 'global_batch_size']"),
+                               ({"auto": {"model": "10m", "seq_len": 64, "global_batch": 8}},
+                                "auto: unknown key(s) ['global_batch']"),
+                               ({"auto": {}, "mics": {}}, "alone")]:
+        with pytest.raises(ConfigError, match=re.escape(text)) as e:
+            Estimator(**script, distribution=distribution)
+        assert e.value.field == "distribution"
+
+
+def test_an_unfitting_model_is_a_config_error():
     with pytest.raises(ConfigError, match="no layout of llama3-70b fits") as e:
         _est(distribution="auto", hyperparameters={**HPS, "model": "llama3-70b", "seq_len": 8192})
     assert e.value.field == "distribution"

@@ -105,6 +105,9 @@ def test_distribution_and_environment(src):
     _refused("distribution", _est, src, instance_count=2, distribution={"mics": {"partition_group_size": 3}})
     _refused("distribution", _est, src, distribution={"mics": {"partition_group_size": 2, "p": 1}})
     _refused("distribution", _est, src, distribution={"mics": {"hierarchical_allgather": "yes"}})
+    # CPU offload on a host without a GPU: refused before anything starts, not by the engine in the job
+    msg = _refused("distribution", _est, src, distribution={"mics": {"cpu_offload": True}})
+    assert "'local' has no GPU" in msg and "set cpu_offload to false" in msg
     smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"sharded_data_parallel_degree": 3}}}}
     _refused("distribution", _est, src, instance_count=2, distribution=smp)
     _refused("environment", _est, src, environment={"A": 1})

@@ -210,7 +210,8 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     mics = MiCSConfig(param_dtype=param_dtype, reduce_dtype=torch.float32,
                       hierarchical=par.hierarchical_allgather, reshard_after_forward=par.reshard_after_forward,
                       replica_sync=par.replica_sync, replica_bucket_mb=par.replica_bucket_mb,
-                      replica_compression=par.replica_compression, hierarchical_chunks=par.hierarchical_chunks)
+                      replica_compression=par.replica_compression, hierarchical_chunks=par.hierarchical_chunks,
+                      cpu_offload=par.cpu_offload)
     pipeline = PipelineConfig(schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
                               microbatches=par.microbatches or par.pp, split=par.pipeline_split) if par.pp > 1 else None
     spec = resolve_spec(model, blocks=blocks, tp_plan=tp_plan)

@@ -13,7 +13,8 @@ EXAMPLES = ("trainyard plan --model llama3-8b --seq-len 8192 --global-batch-size
             "p4d.24xlarge --instance-count 8 --train-tokens 1e11\n"
             "trainyard plan --model llama3-70b --seq-len 8192 --global-batch-size 256 --instance-type p5.48xlarge "
             "--instance-count 8 --json | jq '.layouts[0]'")
-HEADERS = ["#", "fits", "dp", "p", "tp", "pp", "micro-batch", "AC", "memory/GPU", "tokens/s/GPU", "MFU", "$/M tokens"]
+HEADERS = ["#", "fits", "dp", "p", "tp", "pp", "micro-batch", "AC", "offload", "memory/GPU", "tokens/s/GPU", "MFU",
+           "$/M tokens"]
 
 
 def add_parser(sub, command) -> None:
@@ -21,10 +22,11 @@ def add_parser(sub, command) -> None:
     pl = command(sub, "plan", "memory, speed and cost of every layout of a model, best first",
                  EXAMPLES,
                  "Enumerates every layout the engine accepts (data-parallel ranks, MiCS partition size p, tensor-\n"
-                 "and pipeline-parallel degrees and schedule, micro-batch, activation checkpointing) and predicts\n"
-                 "memory per GPU, tokens/s, MFU and $ per million tokens (On-Demand list price). Layouts that fit\n"
-                 "come first, fastest first; those that do not say by how much they are over. docs/plan.md has the\n"
-                 "formulas and the published runs the speed is calibrated on.")
+                 "and pipeline-parallel degrees and schedule, micro-batch, activation checkpointing, CPU offload)\n"
+                 "and predicts memory per GPU (and host memory, offloaded), tokens/s, MFU and $ per million\n"
+                 "tokens (On-Demand list price). Layouts that fit come first, fastest first; those that do not\n"
+                 "say by how much they are over. docs/plan.md has the formulas and the published runs the speed\n"
+                 "is calibrated on.")
     pl.add_argument("--model", required=True, metavar="PRESET|CONFIG.json|DIR",
                     help="a built-in preset (llama3.2-1b, llama3-8b, llama3-70b, ...), a Hugging Face config.json or "
                          "a folder holding one")
@@ -56,7 +58,10 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def _fits(p: PlannedLayout) -> str:
-    return "yes" if p.fits else f"no, +{human_size(p.over_bytes)}"
+    if p.fits:
+        return "yes"
+    over = [f"+{human_size(p.over_bytes)}"] if p.over_bytes else []
+    return "no, " + ", ".join(over + ([f"host +{human_size(p.host_over_bytes)}"] if p.host_over_bytes else []))
 
 
 def _row(i: int, p: PlannedLayout, several: bool) -> list[str]:
@@ -65,7 +70,8 @@ def _row(i: int, p: PlannedLayout, several: bool) -> list[str]:
     cost = f"{p.usd_per_million_tokens:.3f}" if p.usd_per_million_tokens is not None else "no price"
     row = [str(i), *([str(p.instance_count)] if several else []), _fits(p), str(lay.dp),
            str(lay.partition_group_size), str(lay.tp), pipe,
-           f"{lay.micro_batch_size} x {lay.microbatches}", lay.activation_checkpointing, human_size(p.memory.total),
+           f"{lay.micro_batch_size} x {lay.microbatches}", lay.activation_checkpointing,
+           f"host {human_size(p.memory.host)}" if lay.cpu_offload else "-", human_size(p.memory.total),
            f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.1%}", cost]
     if p.hours_to_train is not None:
         row.append(human_duration(p.hours_to_train * 3600))

@@ -186,11 +186,13 @@ class Estimator:
         _check_job_name("base_job_name", self.base_job_name, max_len=63 - len("-YYYYMMDD-HHMMSS-fff"))
         self.framework_version, self.py_version = framework_version, py_version
         notes = check_framework(self._versions(), py_version, local=local)
-        processes = _processes_per_host(itype, None if distribution == "auto" else distribution, processes_per_host)
+        auto = _auto_options(distribution)
+        processes = _processes_per_host(itype, None if auto is not None else distribution, processes_per_host)
         planned = None
-        if distribution == "auto":  # the plan's best fitting layout (docs/plan.md); needs the built-in trainer's shapes
-            distribution, hyperparameters, planned = _auto_distribution(entry, kind, hyperparameters, instance_type,
-                                                                        instance_count, processes)
+        self._plan_options = auto or {}
+        if auto is not None:  # the plan's best fitting layout (docs/plan.md)
+            distribution, hyperparameters, planned = _auto_distribution(entry, kind, hyperparameters, auto, model_uri,
+                                                                        instance_type, instance_count, processes)
         fields: dict[str, Any] = dict(
             entry_point=entry, entry_kind=kind, hyperparameters=hyperparameters, instance_type=instance_type,
             instance_count=instance_count, processes_per_host=processes, distribution=distribution,
@@ -220,6 +222,10 @@ class Estimator:
         self._spec = build_spec(**fields)
         typed = normalize(self._spec.distribution, world_size=self._spec.world_size,
                           processes_per_host=self._spec.processes_per_host)
+        if typed["mics"]["cpu_offload"] and catalog.lookup(self._spec.instance_type).num_gpus == 0:
+            raise ConfigError("distribution", f"mics.cpu_offload moves GPU memory to the host, and "
+                                              f"{self._spec.instance_type!r} has no GPU (its model states are in host "
+                                              "memory already); set cpu_offload to false, or use a GPU instance type")
         if kind == "module" and entry == BUILTIN_TRAINER:
             _check_builtin_hyperparameters(self._spec, typed)
             if tensorboard is not None and local:
@@ -329,16 +335,21 @@ class Estimator:
             job.wait(logs=logs)
         return job
 
-    def plan(self, *, train_tokens: float | None = None) -> Plan:
-        """Every layout of the built-in trainer's model on this Estimator's instances, best first: memory, step
-        time, tokens/s, MFU and cost (trainyard/job/plan; docs/plan.md). `plan().best` is what distribution
-        "auto" runs."""
+    def plan(self, *, train_tokens: float | None = None, model: object = None, seq_len: int | None = None,
+             global_batch_size: int | None = None) -> Plan:
+        """Every layout of the job's model on this Estimator's instances, best first: memory, step time, tokens/s,
+        MFU and cost (trainyard/job/plan; docs/plan.md). The model, seq_len and global_batch_size are the built-in
+        trainer's hyperparameters, those of `distribution={"auto": {...}}`, or these arguments (a script of your
+        own needs them). `plan().best` is what distribution "auto" runs."""
         spec = self._spec
-        cfg = _builtin_config(spec.entry_point, spec.entry_kind, spec.hyperparameters)
-        return plan_layouts(cfg.model, seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size,
+        given = {k: v for k, v in (("model", model), ("seq_len", seq_len), ("global_batch_size", global_batch_size))
+                 if v is not None}
+        inputs = _plan_inputs(spec.entry_point, spec.entry_kind, spec.hyperparameters,
+                              {**self._plan_options, **given}, self.model_uri, spec.instance_type)
+        return plan_layouts(inputs["model"], seq_len=inputs["seq_len"], global_batch_size=inputs["global_batch_size"],
                             instance_type=spec.instance_type, instance_count=spec.instance_count,
-                            processes_per_host=spec.processes_per_host, precision=_precision(cfg, spec.instance_type),
-                            train_tokens=train_tokens)
+                            processes_per_host=spec.processes_per_host, precision=inputs["precision"],
+                            micro_batch_size=inputs["micro_batch_size"], train_tokens=train_tokens)
 
     def _job_spec(self, inputs, job_name: str | None) -> JobSpec:
         """The spec of one job: the Estimator's, named (`job_name`, or base_job_name and the time), with
@@ -530,43 +541,73 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
                                      "with the script in it, or a module name such as 'trainyard.engine.train'")
 
 
-def _builtin_config(entry: str, kind: str, hyperparameters: dict | None):
-    """The built-in trainer's TrainConfig from the hyperparameters (what the planner reads the model, seq_len and
-    batch from); ConfigError for another entry point or a model the planner has no shapes of."""
+AUTO_KEYS = ("model", "seq_len", "global_batch_size", "micro_batch_size", "precision")
+
+
+def _auto_options(distribution: object) -> dict | None:
+    """None unless `distribution` is "auto" ({}) or {"auto": {model, seq_len, global_batch_size, micro_batch_size,
+    precision}} (what the planner needs of a script of your own, or a Hugging Face model's config)."""
+    if distribution == "auto":
+        return {}
+    if not (isinstance(distribution, dict) and "auto" in distribution):
+        return None
+    opts = distribution["auto"]
+    if len(distribution) > 1 or not isinstance(opts, dict):
+        raise ConfigError("distribution", 'the planned form is "auto" or {"auto": {"model": PRESET|CONFIG.json|DIR, '
+                                          '"seq_len": N, "global_batch_size": N}} alone; got ' + repr(distribution))
+    bad = [k for k in opts if k not in AUTO_KEYS]
+    if bad:
+        raise ConfigError("distribution", f"auto: unknown key(s) {bad}; known: {list(AUTO_KEYS)}")
+    return dict(opts)
+
+
+def _plan_inputs(entry: str, kind: str, hyperparameters: dict | None, opts: dict, model_uri: str | None,
+                 instance_type: str) -> dict:
+    """What the planner reads: model, seq_len, global_batch_size, precision and micro_batch_size (None: the
+    planner's choice). From `opts` (the {"auto": {...}} form, or plan()'s arguments) first, then the built-in
+    trainer's hyperparameters, and for its model hf the config.json of a local `model_uri`."""
+    gpus = catalog.lookup(instance_type).num_gpus
+    if not (kind == "module" and entry == BUILTIN_TRAINER):
+        missing = [k for k in ("model", "seq_len", "global_batch_size") if opts.get(k) is None]
+        if missing:
+            raise ConfigError("distribution", f"'auto' and plan() need the model's shapes before the job starts, and "
+                                              f"{entry!r} is a script of your own: give {missing} as "
+                                              '{"auto": {"model": PRESET|CONFIG.json|DIR, "seq_len": N, '
+                                              '"global_batch_size": N}} (or to plan())')
+        return {"precision": "bf16" if gpus else "fp32", "micro_batch_size": None, **opts}
     from trainyard.engine.config import parse_hyperparameters
 
-    if not (kind == "module" and entry == BUILTIN_TRAINER):
-        raise ConfigError("distribution", f"'auto' and plan() read the model, seq_len and global_batch_size of the "
-                                          f"built-in trainer ({BUILTIN_TRAINER}); for {entry!r} give the layout "
-                                          "(`trainyard plan --model ...` lists them)")
     try:
         cfg = parse_hyperparameters(user_args(hyperparameters or {}))
     except ValueError as e:
         raise ConfigError("hyperparameters", f"{e} (for {BUILTIN_TRAINER})") from None
-    if cfg.model == "hf":
-        raise ConfigError("distribution", "'auto' needs the model's shapes before the job starts: with model hf, run "
-                                          "`trainyard plan --model DIR_WITH_CONFIG_JSON ...` and give its layout")
-    return cfg
-
-
-def _precision(cfg, instance_type: str) -> str:
-    """The planner's precision of the trainer's dtype (auto: bf16 on GPUs, fp32 on CPU hosts)."""
-    if cfg.dtype == "auto":
-        return "bf16" if catalog.lookup(instance_type).num_gpus else "fp32"
-    return "bf16" if cfg.dtype == "bfloat16" else "fp32"
-
-
-def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, instance_type: str, instance_count: int,
-                       processes: int) -> tuple[dict, dict, dict]:
-    """distribution "auto": (the best fitting layout's distribution, the hyperparameters with its micro-batch size,
-    the record describe() shows). A micro_batch_size the user gave is kept; the planner chooses among its layouts."""
-    cfg = _builtin_config(entry, kind, hyperparameters)
+    model = opts.get("model") or cfg.model
+    if model == "hf":
+        local = (model_uri or "").removeprefix("file://")
+        if not (local and os.path.isfile(os.path.join(local, "config.json"))):
+            raise ConfigError("distribution", "'auto' with model hf reads the model's config.json before the job "
+                                              "starts: give model_uri as file:// of a folder holding it, or "
+                                              '{"auto": {"model": "PATH/config.json"}}')
+        model = local
+    precision = "bf16" if cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and gpus) else "fp32"
     given = "micro_batch_size" in (hyperparameters or {})
-    chosen, result = auto_plan.choose(cfg.model, seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size,
-                                      instance_type=instance_type, instance_count=instance_count,
-                                      processes_per_host=processes, precision=_precision(cfg, instance_type),
-                                      micro_batch_size=cfg.micro_batch_size if given else None)
-    hyperparameters = {**(hyperparameters or {}), "micro_batch_size": chosen.layout.micro_batch_size}
+    return {"model": model, "seq_len": cfg.seq_len, "global_batch_size": cfg.global_batch_size,
+            "precision": precision, "micro_batch_size": cfg.micro_batch_size if given else None,
+            **{k: v for k, v in opts.items() if k != "model"}}
+
+
+def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, opts: dict, model_uri: str | None,
+                       instance_type: str, instance_count: int, processes: int) -> tuple[dict, dict, dict]:
+    """distribution "auto": (the best fitting layout's distribution, the hyperparameters (the built-in trainer's
+    with the layout's micro-batch size), the record describe() shows). A micro_batch_size the user gave is kept;
+    the planner chooses among its layouts."""
+    inputs = _plan_inputs(entry, kind, hyperparameters, opts, model_uri, instance_type)
+    chosen, result = auto_plan.choose(inputs["model"], seq_len=inputs["seq_len"],
+                                      global_batch_size=inputs["global_batch_size"], instance_type=instance_type,
+                                      instance_count=instance_count, processes_per_host=processes,
+                                      precision=inputs["precision"], micro_batch_size=inputs["micro_batch_size"])
+    if kind == "module" and entry == BUILTIN_TRAINER:
+        hyperparameters = {**(hyperparameters or {}), "micro_batch_size": chosen.layout.micro_batch_size}
     record = {**auto_plan.record(chosen, result), "summary": auto_plan.summary(chosen)}
     return chosen.layout.distribution(), hyperparameters, record
 

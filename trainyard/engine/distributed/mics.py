@@ -189,8 +189,9 @@ def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, co
 
 
 def uses_native_sync(dims: ParallelDims, config: MiCSConfig) -> bool:
-    """Whether FSDP2 itself all-reduces across replicas (2-D HSDP mesh)."""
-    return dims.dp_replicate > 1 and config.replica_sync == "native"
+    """Whether FSDP2 itself all-reduces across replicas (2-D HSDP mesh): when asked, and with CPU offload, whose
+    gradient shards go to host memory right after their reduce-scatter (the bucketed sync needs them on the GPU)."""
+    return dims.dp_replicate > 1 and (config.replica_sync == "native" or config.cpu_offload)
 
 
 def replica_sync(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, config: MiCSConfig) -> ReplicaSync | None:

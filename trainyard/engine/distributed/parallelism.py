@@ -7,7 +7,7 @@ Forms accepted (the SDK passes whichever the user wrote; `init()` and `transform
       {"mics": {"partition_group_size": p, "hierarchical_allgather": true|false|null,
                 "reshard_after_forward": true|false|n, "two_hop_sync": true|false,
                 "replica_sync": "bucketed"|"native", "replica_bucket_mb": x,
-                "replica_compression": null|"bf16"|"int8", "hierarchical_chunks": c},
+                "replica_compression": null|"bf16"|"int8", "hierarchical_chunks": c, "cpu_offload": true|false},
        "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
        "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v, "microbatches": m|null,
        "pipeline_split": [blocks per stage, pp * v of them]|null,
@@ -37,7 +37,7 @@ from trainyard.engine.distributed.layout import PIPELINE_SCHEDULES, check_pipeli
 from trainyard.engine.suggest import did_you_mean
 
 MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync",
-             "replica_sync", "replica_bucket_mb", "replica_compression", "hierarchical_chunks")
+             "replica_sync", "replica_bucket_mb", "replica_compression", "hierarchical_chunks", "cpu_offload")
 REPLICA_SYNCS = ("bucketed", "native")
 REPLICA_COMPRESSIONS = ("bf16", "int8")
 AC_MODES = ("none", "full", "selective")
@@ -79,6 +79,9 @@ class Parallelism:
     """What the bucketed sync sends: null (exact fp32), "bf16" or "int8" (with error feedback)."""
     hierarchical_chunks: int = 4
     """Pieces the hierarchical all-gather is pipelined in (1: its two hops one after the other)."""
+    cpu_offload: bool = False
+    """Keep the sharded parameters, gradients and optimizer states in host memory (FSDP2's CPU offload; GPUs
+    only). Replicas then sync through FSDP2's native all-reduce, on the GPU before the gradients leave it."""
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     microbatches: int | None = None
@@ -114,6 +117,12 @@ class Parallelism:
         if self.replica_compression is not None and self.replica_sync != "bucketed":
             raise ValueError("distribution: mics.replica_compression needs mics.replica_sync 'bucketed' (FSDP2's "
                              "native sync sends fp32); drop one of them")
+        if not isinstance(self.cpu_offload, bool):
+            raise ValueError(f"distribution: mics.cpu_offload must be true or false, got {self.cpu_offload!r}")
+        if self.cpu_offload and self.replica_compression is not None:
+            raise ValueError("distribution: mics.replica_compression needs the bucketed replica sync, and with "
+                             "mics.cpu_offload the replicas sync through FSDP2's native all-reduce (the gradients "
+                             "leave the GPU right after their reduce-scatter); drop one of them")
         mb = self.replica_bucket_mb
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
             raise ValueError(f"distribution: mics.replica_bucket_mb must be a number > 0, got {mb!r}")

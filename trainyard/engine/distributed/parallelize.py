@@ -128,7 +128,7 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
         spec.check_tp(model, dims.tp)
     coords = dims.coords(dist.get_rank())
     stages, num_stages, parts = _cut(model, spec, dims, coords["pp"], pipeline)
-    sharded = dims.dp > 1 or mics.param_dtype not in (None, torch.float32)
+    sharded = dims.dp > 1 or mics.param_dtype not in (None, torch.float32) or mics.cpu_offload
     blocks_of = [spec.blocks(part) for part in parts]
     syncs: list[ReplicaSync | None] = []
     for part, blocks in zip(parts, blocks_of):
@@ -142,7 +142,7 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
         if sharded:
             apply_mics(part, blocks, dims, mics)
         if meta:
-            _materialise(part, spec, template, device, seed, init)
+            _materialise(part, spec, template, device, seed, init, offload=sharded and mics.cpu_offload)
         syncs.append(replica_sync(part, blocks, dims, mics) if sharded else None)
     one = parts[0] if len(parts) == 1 else RankModel(parts, [b for bs in blocks_of for b in bs])
     return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, coords=coords,
@@ -184,8 +184,15 @@ def _apply_tp(part: nn.Module, spec: ModelSpec, dims: ParallelDims) -> None:
 
 
 def _materialise(part: nn.Module, spec: ModelSpec, template: nn.Module, device: torch.device, seed: int,
-                 init: Callable[[nn.Module], None] | None) -> None:
-    part.to_empty(device=device)
+                 init: Callable[[nn.Module], None] | None, *, offload: bool = False) -> None:
+    """Storage for `part`'s shards and buffers, filled. CPU offload: the shards in host memory (FSDP2 wants them
+    materialised there), the buffers on the device the forward runs on."""
+    part.to_empty(device="cpu" if offload else device)
+    if offload:
+        for module in part.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(device)
     if init is None and spec.init_sharded is not None:
         spec.init_sharded(part, seed)
     else:
@@ -253,7 +260,10 @@ def clip_grad_norm(model: nn.Module, dims: ParallelDims, max_norm: float) -> flo
         groups.setdefault(key, []).append(g)
     squared = torch.zeros((), device=dims.mesh.device_type, dtype=torch.float32)
     for group in groups.values():
-        squared += plain(torch.nn.utils.get_total_norm(group, 2.0)).float().pow(2)
+        if isinstance(group[0], DTensor) and group[0].device.type != dims.mesh.device_type:
+            squared += host_squared_norm(group)  # CPU-offloaded shards of a GPU mesh
+        else:
+            squared += plain(torch.nn.utils.get_total_norm(group, 2.0)).float().pow(2)
     if dims.pp > 1:
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=dims.mesh.get_group("pp"))
     value = float(squared.sqrt().item())
@@ -264,6 +274,20 @@ def clip_grad_norm(model: nn.Module, dims: ParallelDims, max_norm: float) -> flo
             for group in groups.values():
                 torch._foreach_mul_(group, coef)
     return value
+
+
+def host_squared_norm(grads: list[DTensor]) -> torch.Tensor:
+    """The squared 2-norm of DTensor gradients of one mesh and placement whose local shards live in host memory
+    (CPU offload) while the mesh's collectives run on its device (NCCL takes no CPU tensors): the local sum of
+    squares, moved to the device, summed over the mesh dimensions that shard (or hold partial sums of) them."""
+    mesh, placements = grads[0].device_mesh, grads[0].placements
+    local = sum((torch.linalg.vector_norm(g.to_local(), 2.0, dtype=torch.float32).pow(2) for g in grads),
+                torch.zeros((), dtype=torch.float32))
+    total = local.to(mesh.device_type)
+    for dim, placement in enumerate(placements):
+        if not placement.is_replicate() and mesh.size(dim) > 1:
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
+    return total
 
 
 def loss_value(total: torch.Tensor, dims: ParallelDims) -> float:

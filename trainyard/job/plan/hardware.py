@@ -6,6 +6,7 @@ Bandwidth a collective gets, per GPU and per direction:
 - inside a host: NVLink's bidirectional figure / 2, times BUS_EFFICIENCY;
 - across hosts: the instance's EFA bandwidth / GPUs per host (each GPU drives its share of the NICs), times
   BUS_EFFICIENCY.
+- to and from host memory (CPU offload): the GPU's PCIe link, its bidirectional figure / 2, times BUS_EFFICIENCY.
 """
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ EFFICIENCY = {"NVIDIA H100": 0.52, "NVIDIA H200": 0.52, "NVIDIA A100": 0.63}
 # Attention (the 12 L H Q T FLOPs) runs at this fraction of the matrix multiplies' efficiency: fused attention
 # kernels reach about half the TFLOP/s of large GEMMs on A100/H100 (FlashAttention-2 paper, fwd+bwd).
 ATTENTION_RELATIVE_EFFICIENCY = 0.5
+# CPU offload: parameters a GPU's rank updates per second with PyTorch's fused AdamW on the host: 0.6-1.1e9 per
+# thread measured on a 2-core CPU machine (64M fp32 parameters, torch 2.13); on a 16-core H100 host the offloaded
+# steps of bench/plan_check.py --offload came within 4% of the plan with this figure (docs/plan.md). 1e9 per GPU
+# moves about 28 GB/s of host memory per rank, 224 GB/s for 8 ranks: about what the memory channels of a
+# two-socket p4d/p5 host sustain.
+HOST_ADAM_PARAMS_PER_S = 1e9
+# Share of the host's memory the offloaded states of all its ranks may take (the rest: the OS, the data loaders,
+# the pinned staging buffers).
+USABLE_HOST_MEMORY_FRACTION = 0.8
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,10 +58,19 @@ class Hardware:
     """Per GPU and direction, across hosts; None when the catalog has no EFA figure."""
     price_per_hour: float | None
     """USD per instance-hour (On-Demand list price), None when the table has none."""
+    host_bytes_per_s: float | None = None
+    """Per GPU and direction, between the GPU and host memory (PCIe); None: no offload (CPU hosts)."""
+    host_memory_bytes: int = 0
+    """Host memory of one instance."""
 
     @property
     def usable_memory_bytes(self) -> int:
         return int(self.gpu_memory_bytes * USABLE_MEMORY_FRACTION)
+
+    @property
+    def usable_host_memory_per_gpu(self) -> int:
+        """What one rank's offloaded states may take of its host's memory."""
+        return int(self.host_memory_bytes * USABLE_HOST_MEMORY_FRACTION / self.gpus_per_host)
 
 
 @cache
@@ -97,4 +116,6 @@ def hardware(instance_type: str, instance_count: int, *, region: str = "us-east-
         efficiency=EFFICIENCY[it.accelerator],
         intra_bytes_per_s=facts["nvlink_gbytes_per_s"] / 2 * 1e9 * BUS_EFFICIENCY,
         inter_bytes_per_s=efa / 8 * 1e9 / it.num_gpus * BUS_EFFICIENCY if efa else None,
-        price_per_hour=price.per_hour if price else None)
+        price_per_hour=price.per_hour if price else None,
+        host_bytes_per_s=facts["pcie_gbytes_per_s"] / 2 * 1e9 * BUS_EFFICIENCY,
+        host_memory_bytes=it.memory_mib * 2 ** 20)

@@ -24,6 +24,8 @@ class Layout:
     """none, selective (every second block) or full (every block)."""
     precision: str
     """bf16 (bf16 compute, fp32 master weights, gradients and optimizer states) or fp32."""
+    cpu_offload: bool = False
+    """Sharded parameters, gradients and optimizer states in host memory (`mics.cpu_offload`)."""
 
     @property
     def replicas(self) -> int:
@@ -35,7 +37,10 @@ class Layout:
 
     def distribution(self) -> dict:
         """The typed `distribution` that runs this layout."""
-        d: dict = {"mics": {"partition_group_size": self.partition_group_size},
+        mics: dict = {"partition_group_size": self.partition_group_size}
+        if self.cpu_offload:
+            mics["cpu_offload"] = True
+        d: dict = {"mics": mics,
                    "tensor_parallel_degree": self.tp, "pipeline_parallel_degree": self.pp,
                    "activation_checkpointing": self.activation_checkpointing, "mixed_precision": self.precision,
                    "gradient_accumulation_steps": self.microbatches}

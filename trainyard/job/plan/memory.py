@@ -18,6 +18,11 @@ plus the largest of the three, which is what the engine measures (tests/job/test
 bench/plan_check.py on a GPU).
 The rank reported is the worst of the first pipeline stage (embedding, deepest warm-up) and the last (head,
 logits).
+
+CPU offload (FSDP2's CPUOffloadPolicy): the model states live in host memory (`Memory.host`, 16 Psi / p per
+rank; the fused CPU AdamW works in place); the GPU holds the gathered copies (always made: the shards are copied
+in before each all-gather), the activations, and each block's fp32 gradients until their reduce-scatter sends
+the shard to the host.
 """
 from __future__ import annotations
 
@@ -50,6 +55,8 @@ class Memory:
     unsharded fp32 gradients of the root (reduced only at the end of backward) and of the block in backward."""
     optimizer_step: int = 0
     """Temporaries of the optimizer step (PyTorch's foreach AdamW on CPU; none for the fused one on GPUs)."""
+    host: int = 0
+    """Host memory of the rank's offloaded model states (CPU offload; 0 otherwise)."""
 
     @property
     def model_states(self) -> int:
@@ -66,7 +73,7 @@ class Memory:
     def to_dict(self) -> dict:
         return {"parameters": self.parameters, "gradients": self.gradients, "optimizer": self.optimizer,
                 "activations": self.activations, "buffers": self.buffers, "recompute": self.recompute,
-                "total": self.total}
+                "host": self.host, "total": self.total}
 
 
 def per_layer_bytes(shape: ModelShape, precision: str) -> float:
@@ -124,8 +131,9 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, *, fused_optimizer
             root += (shape.head_params - shape.dim) / tp + shape.dim
         params = layers * block + root
         # FSDP2's unsharded copies: two blocks (one prefetched) and the root, in the compute dtype; none when the
-        # parameters are used as they are (fp32 in a partition group of one)
-        gathered = (min(2, layers) * block + root) * c if (p > 1 or c != 4) else 0.0
+        # parameters are used as they are (fp32 in a partition group of one, not offloaded)
+        offload = layout.cpu_offload
+        gathered = (min(2, layers) * block + root) * c if (p > 1 or c != 4 or offload) else 0.0
         logits = held_logits = 0.0
         if stage_rank == pp - 1:  # the loss's backward: the logits, the saved fp32 log-softmax, its fp32 gradient
             # and that gradient cast to the compute dtype (no cast in fp32, where the fp32 copy is the logits)
@@ -133,12 +141,14 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, *, fused_optimizer
             held_logits = tokens * shape.vocab_size / tp * c  # the logits stay referenced until backward returns
         # through backward too: the logits, the unsharded fp32 gradients of the root (reduced only when backward
         # ends) and of the block in backward, when a partition group reduces them
-        backward = gathered + held_logits + ((root + block) * 4 if p > 1 else 0.0)
+        backward = gathered + held_logits + ((root + block) * 4 if (p > 1 or offload) else 0.0)
         stored, rebuilt = _activations(shape, layout, seq_len, layers, stage_rank)
+        states = params * (MASTER + GRAD + ADAM) / p
+        on_gpu = 0.0 if offload else 1.0
         candidates.append(Memory(
-            parameters=round(params * MASTER / p), gradients=round(params * GRAD / p),
-            optimizer=round(params * ADAM / p),
+            parameters=round(on_gpu * params * MASTER / p), gradients=round(on_gpu * params * GRAD / p),
+            optimizer=round(on_gpu * params * ADAM / p),
             activations=round(stored), recompute=round(rebuilt), buffers=round(gathered + logits),
-            gathered=round(backward),
-            optimizer_step=0 if fused_optimizer else round(params * MASTER / p * FOREACH_TEMPORARIES)))
+            gathered=round(backward), host=round(states) if offload else 0,
+            optimizer_step=0 if fused_optimizer or offload else round(params * MASTER / p * FOREACH_TEMPORARIES)))
     return max(candidates, key=lambda m: m.total)

@@ -4,10 +4,11 @@ cost, and time and cost to train a number of tokens; best first.
 Enumerated: tensor-parallel degrees dividing the GPUs of a host, pipeline degrees dividing the layers and the
 world (each schedule: GPipe, 1F1B, interleaved 1F1B with 2 virtual stages), every MiCS partition size dividing
 the data-parallel degree, every micro-batch size dividing the per-rank batch, and the three activation
-checkpointing modes. Each is checked by the SDK's own checks (`Parallelism`, `ParallelDims`, `check_tp`,
-`check_pipeline`), so the planner never proposes a layout `Estimator` refuses. CPU offload is not enumerated:
-`distribution` has no key for it. Ranking: layouts that fit, fastest first (speeds within 1% count as equal and
-the one needing less memory wins); then those that do not, least over first.
+checkpointing modes, each with and without CPU offload (`mics.cpu_offload`; GPU instances only). Each is
+checked by the SDK's own checks (`Parallelism`, `ParallelDims`, `check_tp`, `check_pipeline`), so the planner
+never proposes a layout `Estimator` refuses. A layout fits when its GPU memory is under the usable part of the
+GPU's and, offloaded, its host memory under its share of the host's. Ranking: layouts that fit, fastest first
+(speeds within 1% count as equal and the one needing less memory wins); then those that do not, least over first.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class PlannedLayout:
     fits: bool
     over_bytes: int
     """How far the memory is above the usable GPU memory (0 when it fits)."""
+    host_over_bytes: int
+    """How far the offloaded states are above the rank's share of host memory (0 when they fit)."""
     tokens_per_s_per_gpu: float
     mfu: float
     usd_per_million_tokens: float | None
@@ -49,8 +52,10 @@ class PlannedLayout:
                 "memory_per_gpu_bytes": self.memory.total, "instance_count": self.instance_count,
                 **self.layout.to_dict(),
                 "memory_bytes": self.memory.to_dict(), "over_bytes": self.over_bytes,
+                "host_memory_per_gpu_bytes": self.memory.host, "host_over_bytes": self.host_over_bytes,
                 "step_time_s": self.time.step_s, "compute_s": self.time.compute_s, "bubble_s": self.time.bubble_s,
-                "exposed_comm_s": self.time.exposed_comm_s, "comm_intra_bytes": self.time.comm_intra_bytes,
+                "exposed_comm_s": self.time.exposed_comm_s, "offload_s": self.time.offload_s,
+                "comm_intra_bytes": self.time.comm_intra_bytes,
                 "comm_inter_bytes": self.time.comm_inter_bytes,
                 "usd_per_million_tokens": self.usd_per_million_tokens, "hours_to_train": self.hours_to_train,
                 "usd_to_train": self.usd_to_train, "distribution": self.layout.distribution()}
@@ -95,8 +100,8 @@ def _valid(shape: ModelShape, layout: Layout, seq_len: int, world: int, gpus_per
 
 
 def layouts(shape: ModelShape, *, seq_len: int, global_batch_size: int, world: int, gpus_per_host: int,
-            precision: str = "bf16") -> list[Layout]:
-    """Every layout of `world` GPUs the SDK accepts for this model and batch."""
+            precision: str = "bf16", offload: Sequence[bool] = (False,)) -> list[Layout]:
+    """Every layout of `world` GPUs the SDK accepts for this model and batch (with each of `offload`)."""
     out = []
     for tp in _divisors(gpus_per_host):
         for pp in _divisors(world // tp) if world % tp == 0 else []:
@@ -109,11 +114,13 @@ def layouts(shape: ModelShape, *, seq_len: int, global_batch_size: int, world: i
                 for schedule, v in schedules:
                     for mbs in _divisors(per_rank):
                         for ac in AC_MODES:
-                            layout = Layout(dp=dp, partition_group_size=p, tp=tp, pp=pp, pipeline_schedule=schedule,
-                                            virtual_stages=v, micro_batch_size=mbs, microbatches=per_rank // mbs,
-                                            activation_checkpointing=ac, precision=precision)
-                            if _valid(shape, layout, seq_len, world, gpus_per_host):
-                                out.append(layout)
+                            for off in offload:
+                                layout = Layout(dp=dp, partition_group_size=p, tp=tp, pp=pp,
+                                                pipeline_schedule=schedule, virtual_stages=v, micro_batch_size=mbs,
+                                                microbatches=per_rank // mbs, activation_checkpointing=ac,
+                                                precision=precision, cpu_offload=off)
+                                if _valid(shape, layout, seq_len, world, gpus_per_host):
+                                    out.append(layout)
     return out
 
 
@@ -132,8 +139,9 @@ def evaluate(shape: ModelShape, layout: Layout, *, seq_len: int, global_batch_si
         usd_per_m = usd_per_hour / (tokens_per_s * 3600) * 1e6
         usd = hours * usd_per_hour if hours is not None else None
     over = max(0, mem.total - hw.usable_memory_bytes)
-    return PlannedLayout(layout=layout, instance_count=instance_count, memory=mem, time=t, fits=over == 0,
-                         over_bytes=over,
+    host_over = max(0, mem.host - hw.usable_host_memory_per_gpu) if layout.cpu_offload else 0
+    return PlannedLayout(layout=layout, instance_count=instance_count, memory=mem, time=t,
+                         fits=over == 0 and host_over == 0, over_bytes=over, host_over_bytes=host_over,
                          tokens_per_s_per_gpu=per_gpu, mfu=mfu, usd_per_million_tokens=usd_per_m,
                          hours_to_train=hours, usd_to_train=usd)
 
@@ -142,7 +150,7 @@ def _rank(p: PlannedLayout) -> tuple:
     """Fitting first; among them the fastest, where speeds within 1% count as equal and the one needing less
     memory wins (the prediction is not finer than that, and headroom is worth more); then the least over."""
     speed_bucket = math.floor(math.log(p.tokens_per_s_per_gpu) / math.log(1.01))
-    return (not p.fits, p.over_bytes, -speed_bucket, p.memory.total)
+    return (not p.fits, p.over_bytes + p.host_over_bytes, -speed_bucket, p.memory.total)
 
 
 def _check_positive(field: str, value: object) -> int:
@@ -175,7 +183,8 @@ def plan(model: object, *, seq_len: int, global_batch_size: int, instance_type: 
     for n in counts:
         hw = hardware(instance_type, n, region=region, processes_per_host=processes_per_host)
         candidates = layouts(shape, seq_len=seq_len, global_batch_size=global_batch_size, world=hw.gpus_per_host * n,
-                             gpus_per_host=hw.gpus_per_host, precision=precision)
+                             gpus_per_host=hw.gpus_per_host, precision=precision,
+                             offload=(False, True) if hw.host_bytes_per_s else (False,))
         planned += [evaluate(shape, lay, seq_len=seq_len, global_batch_size=global_batch_size, hw=hw, instance_count=n,
                              train_tokens=train_tokens)
                     for lay in candidates if micro_batch_size is None or lay.micro_batch_size == micro_batch_size]

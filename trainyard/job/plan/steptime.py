@@ -18,12 +18,15 @@ Communication, bytes each rank sends per step (ring algorithm; REFERENCE.md, eng
 Overlap: the engine prefetches the next block's all-gather and reduce-scatters while backward runs, and its
 replica sync is bucketed behind the backward: those hide under compute except the first gather and last
 reduce-scatter (one block's worth); tensor-parallel and pipeline transfers are waited for.
+CPU offload: per micro-batch, each all-gather first copies the rank's fp32 shard in over PCIe (twice: forward
+and backward) and each reduce-scatter's fp32 shard goes back; on their own link, overlapped as the gathers are.
+The optimizer step then runs on the host (HOST_ADAM_PARAMS_PER_S) after the backward: waited for.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.job.plan.hardware import ATTENTION_RELATIVE_EFFICIENCY, Hardware
+from trainyard.job.plan.hardware import ATTENTION_RELATIVE_EFFICIENCY, HOST_ADAM_PARAMS_PER_S, Hardware
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.memory import COMPUTE_BYTES
 from trainyard.job.plan.shapes import ModelShape
@@ -41,10 +44,12 @@ class StepTime:
     """Communication the engine overlaps with compute (MiCS gathers and reductions, replica sync)."""
     exposed_comm_s: float
     """Communication the step waits for."""
+    offload_s: float = 0.0
+    """CPU offload: the host's optimizer step and the PCIe copies compute does not hide."""
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.exposed_comm_s
+        return self.compute_s + self.bubble_s + self.exposed_comm_s + self.offload_s
 
 
 def hardware_flops_per_token(shape: ModelShape, seq_len: int, ac: str) -> tuple[float, float]:
@@ -131,8 +136,13 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int,
     hidden = _sharding_traffic(shape, layout, hw, hosts)
     waited = _waited_traffic(shape, layout, seq_len, hw, hosts)
     # what overlap cannot hide: one block's gather and reduction at each end, and anything longer than compute
-    edge = hidden.seconds / max(1, (shape.n_layers // layout.pp) * layout.microbatches)
-    exposed = waited.seconds + max(edge, hidden.seconds - compute)
+    units = max(1, (shape.n_layers // layout.pp) * layout.microbatches)
+    exposed = waited.seconds + max(hidden.seconds / units, hidden.seconds - compute)
+    offload = 0.0
+    if layout.cpu_offload:
+        shard = _stage_params(shape, layout) / layout.partition_group_size
+        pcie = layout.microbatches * 2 * 4 * shard / (hw.host_bytes_per_s or hw.intra_bytes_per_s)  # in: 2 gathers
+        offload = shard / HOST_ADAM_PARAMS_PER_S + max(pcie / units, pcie - compute)
     return StepTime(compute_s=compute, bubble_s=bubble, comm_intra_bytes=hidden.intra + waited.intra,
                     comm_inter_bytes=hidden.inter + waited.inter, overlapped_comm_s=hidden.seconds,
-                    exposed_comm_s=exposed)
+                    exposed_comm_s=exposed, offload_s=offload)
