@@ -26,7 +26,8 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torc
     """AdamW with weight decay on matrices and embeddings, none on vectors (norm weights). On CUDA it is
     PyTorch's fused AdamW (one multi-tensor kernel per step over the shards' local tensors; why trainyard.kernels
     has no AdamW of its own: see its docstring), and PyTorch's fused CPU AdamW for the host-resident shards of a
-    model offloaded from a GPU (4-5x the foreach one on CPU); on a CPU-only host PyTorch's default (foreach)."""
+    model offloaded from a GPU (3-7x the foreach one on a CPU, measured); on a CPU-only host PyTorch's default
+    (foreach)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
