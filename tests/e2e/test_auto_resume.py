@@ -18,7 +18,7 @@ from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 5, "lr": 0.01,
-       "warmup_steps": 2, "decay_steps": 40, "steps": 40, "checkpoint_every": 5, "log_every": 10}
+       "warmup_steps": 2, "decay_steps": 25, "steps": 25, "checkpoint_every": 5, "log_every": 10}
 
 
 def _est(ckpt, **kw):
