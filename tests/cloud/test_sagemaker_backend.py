@@ -93,6 +93,8 @@ def test_fit_creates_a_training_job_and_wait_follows_it_to_completed(account, tm
     out = capsys.readouterr().out
     assert "[algo-1] step 2/2 loss 2.0" in out and "[algo-2] ready" in out
     assert "[progress] Completed | step 2/2 | loss 2.0000" in out
+    # one DescribeTrainingJob per tick: each status the job passed through was seen, none skipped
+    assert all(f"[progress] {s}" in out for s in STEPS), out
     again = open_job("sm-ok")  # from the job folder, as another process would
     assert type(again).__name__ == "SageMakerJob" and again.region == "us-east-1"
 

@@ -164,10 +164,11 @@ class TrainingJob:
         reader = self._reader()
         with Follow(self, show_lines=show_lines) as view:
             while True:
-                done = self.status() in TERMINAL
+                doc = self._status()  # read once per tick: a SageMaker or EC2 job's status is a service call
+                done = doc["TrainingJobStatus"] in TERMINAL
                 for line in reader.poll(final=done):
                     view.line(line)
-                view.tick()
+                view.tick(doc=doc)
                 if done:
                     return
                 time.sleep(poll)

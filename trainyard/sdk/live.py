@@ -144,9 +144,11 @@ class Progress:
         (t0, s0), (t1, s1) = self.seen[0], self.seen[-1]
         return (self.total - self.step) * (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else None
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, doc: dict | None = None) -> Snapshot:
+        """The progress now; `doc` the job's status document when the caller has just read it (one
+        DescribeTrainingJob per tick for a SageMaker job, not two)."""
         self._read_rows()
-        doc = self.job._status()
+        doc = doc if doc is not None else self.job._status()
         secondary = doc.get("SecondaryStatus", "Starting")
         phase = PHASES.get(secondary, secondary)
         created = datetime.fromisoformat(doc["CreationTime"]) if doc.get("CreationTime") else None
@@ -207,14 +209,15 @@ class Follow:
         else:
             print(stamped_line, file=self.stream, flush=True)
 
-    def tick(self, force: bool = False) -> None:
+    def tick(self, force: bool = False, doc: dict | None = None) -> None:
         """Redraw the live line; in plain mode print a progress line when one is due. Plain mode with no
-        log lines asked for (SageMaker's logs="None") prints nothing at all."""
+        log lines asked for (SageMaker's logs="None") prints nothing at all. `doc`: the job's status document,
+        when just read."""
         if self.mode == "off":
             return
         if self.live is None and not self.show_lines:
             return
-        snap = self.last = self.progress.snapshot()
+        snap = self.last = self.progress.snapshot(doc)
         if self.live is not None:
             self.live.update(Text(snap.text(), style="bold"), refresh=force)
             return
