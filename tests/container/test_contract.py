@@ -92,7 +92,7 @@ def test_typed_distribution_reaches_the_engine():
     assert json.loads(env["TRAINYARD_DISTRIBUTION"]) == {
         "mics": {"partition_group_size": 24, "hierarchical_allgather": None, "reshard_after_forward": True,
                  "two_hop_sync": True, "replica_sync": "bucketed", "replica_bucket_mb": 4.0,
-                 "replica_compression": None, "hierarchical_chunks": 4},
+                 "replica_compression": None, "hierarchical_chunks": 4, "cpu_offload": False},
         "gradient_accumulation_steps": None, "activation_checkpointing": "none", "mixed_precision": None,
         "gradient_clipping": None, "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1,
         "pipeline_schedule": "1f1b", "virtual_stages": 1, "microbatches": None, "pipeline_split": None}
@@ -101,7 +101,7 @@ def test_typed_distribution_reaches_the_engine():
     typed = json.loads(render_contract(_spec(distribution=smp), 0).env["TRAINYARD_DISTRIBUTION"])
     assert typed["mics"] == {"partition_group_size": 8, "hierarchical_allgather": False, "reshard_after_forward": True,
                              "two_hop_sync": True, "replica_sync": "bucketed", "replica_bucket_mb": 4.0,
-                             "replica_compression": None, "hierarchical_chunks": 4}
+                             "replica_compression": None, "hierarchical_chunks": 4, "cpu_offload": False}
     assert typed["gradient_clipping"] == 1.0
     v2 = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"hybrid_shard_degree": 4}}}}
     assert json.loads(render_contract(_spec(distribution=v2), 0).env["TRAINYARD_DISTRIBUTION"])["mics"][

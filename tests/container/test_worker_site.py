@@ -52,3 +52,32 @@ def test_two_threads_printing_unbuffered_never_share_a_line(tmp_path):
 
     assert mangled([]) > 0  # the bare interpreter splits print's text and newline: lines collide
     assert mangled([WORKER_SITE]) == 0
+
+
+RAISES = """
+import atexit, time, torch.distributed as dist
+dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1)
+atexit.register(lambda: print('the script s own exit handler ran', flush=True))
+class SlowTeardown:  # stands for the interpreter's teardown of a loaded process: freed at finalization
+    def __del__(self):
+        time.sleep(6)
+keep = SlowTeardown()
+raise ValueError('boom')
+"""
+
+
+def test_a_rank_that_raises_exits_with_status_1_without_the_slow_teardown():
+    def run(pythonpath: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+        import time
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", RAISES.format(port=free_port())], env=env, capture_output=True,
+                           text=True, timeout=120)
+        return r, time.monotonic() - start
+
+    bare, bare_s = run([])
+    assert bare.returncode == 1 and bare_s >= 6  # the interpreter's teardown: what torchrun's SIGTERM can cut short
+    ours, ours_s = run([WORKER_SITE])
+    assert ours.returncode == 1 and ours_s < bare_s - 5
+    assert "ValueError: boom" in ours.stderr and "the script s own exit handler ran" in ours.stdout

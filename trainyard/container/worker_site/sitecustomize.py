@@ -11,6 +11,14 @@ It also makes every write to stdout and stderr a whole line. The driver sets PYT
 and another rank's (or thread's) line lands in the middle of it. Line buffering keeps output as prompt (a
 write reaches the file at each newline) and hands the file one line per write.
 
+A rank that dies of an uncaught exception, once torch.distributed is up, exits with status 1 as soon as its
+traceback is printed and the script's own exit handlers have run (this one, registered first, runs last),
+without the interpreter's teardown. The
+teardown (freeing torch, closing the process group) takes long enough on a loaded host that the peers, whose
+collectives fail the moment this rank's connections close, exit first, and torchrun then ends the raising
+rank with SIGTERM: the job's FailureReason would say "killed by SIGTERM", and a retry would take it for a
+killed process, not the user error it is.
+
 In a job with hang detection (`$TRAINYARD_HEARTBEAT_DIR`, set by the driver), SIGUSR2 makes the rank write
 the Python stacks of all its threads to `<dir>/stack-rank-<R>.txt` (faulthandler, from a signal handler
 in C: it works while the main thread is blocked in a collective); the hang detector sends it.
@@ -24,15 +32,39 @@ for _stream in (sys.stdout, sys.stderr):
 
 
 def _end_process_group():
+    import os
     import sys
 
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
+    if _UNCAUGHT:  # the traceback is out and the script's own exit handlers ran (registered later, run first)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - exiting regardless
+                pass
+        os._exit(1)
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the script's own end decides the exit status, not this cleanup
         pass
+
+
+_UNCAUGHT: list = []  # the kind of the exception the interpreter is exiting on, if any
+
+
+def _note_uncaught_exceptions():
+    import sys
+
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if not issubclass(kind, KeyboardInterrupt):
+            _UNCAUGHT.append(kind)
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def _chain():
@@ -66,5 +98,6 @@ def _stacks_on_sigusr2():
 
 
 atexit.register(_end_process_group)
+_note_uncaught_exceptions()
 _stacks_on_sigusr2()
 _chain()
