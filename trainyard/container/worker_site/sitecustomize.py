@@ -31,6 +31,9 @@ for _stream in (sys.stdout, sys.stderr):
         _stream.reconfigure(line_buffering=True, write_through=False)
 
 
+_UNCAUGHT: list = []  # the kind of the exception the interpreter is exiting on, if any
+
+
 def _end_process_group():
     import os
     import sys
@@ -49,9 +52,6 @@ def _end_process_group():
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the script's own end decides the exit status, not this cleanup
         pass
-
-
-_UNCAUGHT: list = []  # the kind of the exception the interpreter is exiting on, if any
 
 
 def _note_uncaught_exceptions():

@@ -139,7 +139,7 @@ def evaluate(shape: ModelShape, layout: Layout, *, seq_len: int, global_batch_si
         usd_per_m = usd_per_hour / (tokens_per_s * 3600) * 1e6
         usd = hours * usd_per_hour if hours is not None else None
     over = max(0, mem.total - hw.usable_memory_bytes)
-    host_over = max(0, mem.host - hw.usable_host_memory_per_gpu) if layout.cpu_offload else 0
+    host_over = max(0, mem.host - hw.usable_host_memory_per_gpu)  # mem.host is 0 unless offloaded
     return PlannedLayout(layout=layout, instance_count=instance_count, memory=mem, time=t,
                          fits=over == 0 and host_over == 0, over_bytes=over, host_over_bytes=host_over,
                          tokens_per_s_per_gpu=per_gpu, mfu=mfu, usd_per_million_tokens=usd_per_m,
