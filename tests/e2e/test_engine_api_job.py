@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 BYOM = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "byom")
 
 
-def _est(steps, distribution, ckpt, **hps):
-    return Estimator(entry_point="train.py", source_dir=BYOM, instance_type="local", instance_count=2,
+def _est(steps, distribution, ckpt, hosts=2, **hps):
+    return Estimator(entry_point="train.py", source_dir=BYOM, instance_type="local", instance_count=hosts,
                      processes_per_host=2, distribution=distribution, checkpoint_s3_uri=ckpt, max_run=400,
                      hyperparameters={"steps": steps, "lr": 0.003, **hps})
 
@@ -57,6 +57,17 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
     resumed = AutoModelForCausalLM.from_pretrained(_extract(read_tar(again.model_data), tmp_path / "again"))
     assert not torch.equal(resumed.lm_head.weight, model.lm_head.weight)  # trained on from step 3
     assert_no_processes_left(again.latest_training_job)
+
+
+def test_the_same_script_runs_without_a_checkpoint_location():
+    """load_checkpoint gives 0 and save_checkpoint saves nothing, each said once: one script for both cases."""
+    est = _est(2, {"mics": {"partition_group_size": 2}}, None, hosts=1)
+    est.fit(logs=False)
+    logs = est.latest_training_job.log_text()
+    assert _steps(logs) == [1, 2], logs[-3000:]
+    assert logs.count("load_checkpoint: the job has no checkpoint location") == 1, logs[-3000:]
+    assert logs.count("save_checkpoint: the job has no checkpoint location") == 1, logs[-3000:]
+    assert "model.safetensors" in read_tar(est.model_data)
 
 
 def _extract(files: dict[str, bytes], folder) -> str:

@@ -2,11 +2,13 @@
 
 argv[1] is a JSON list of cases, argv[2] the output JSON. Kinds of case:
 - "oracle": train `model` ("hf" LlamaForCausalLM, "mlp" a residual MLP whose blocks sit in a ModuleList named
-  `stack`, "llama" the built-in Transformer) for STEPS steps through the API only, on `distribution`, and
+  `stack`, "shared" that MLP with one weight in two of its blocks, "llama" the built-in Transformer) for STEPS steps through the API only, on `distribution`, and
   compare the gathered weights with an unsharded single-process oracle trained on the same global batches:
   {"worst_rel_err": ...}. With "kernels", the sharded side runs with trainyard.kernels swapped in.
 - "curve": train steps `start+1..steps` (resuming with load_checkpoint from `uri` when it holds a step),
   saving at `save_at`; returns the loss of every step it ran.
+- "evaluate": te.evaluate and te.predict of an untrained model on `distribution` against the unsharded model:
+  {"loss_err", "predict_err" (worst logit difference on the ranks that hold the output), "ranks_with_output"}.
 - "export": train 1 step on `distribution`, save_model to `dir`; rank 0 also writes the logits of the trained
   model on a probe batch to `dir/probe.pt`. "reload": load_pretrained `dir` into a fresh model on
   `distribution` and return the worst difference of its logits from `dir/probe.pt`.
@@ -41,6 +43,17 @@ class ResidualMLP(nn.Module):
         return self.head(h)
 
 
+class SharedMLP(ResidualMLP):
+    """A weight two blocks use: blocks 0 and 2 hold one nn.Parameter in their first Linear (different modules)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack[2][1].weight = self.stack[0][1].weight
+
+
+SHARED_TP_PLAN = {"stack.*.1": "colwise", "stack.*.3": "rowwise"}
+
+
 def build(kind: str) -> nn.Module:
     if kind == "hf":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -50,6 +63,8 @@ def build(kind: str) -> nn.Module:
         return LlamaForCausalLM(cfg)
     if kind == "mlp":
         return ResidualMLP()
+    if kind == "shared":
+        return SharedMLP()
     from trainyard.engine.models.llama.model import ModelConfig, build_model
 
     return build_model(ModelConfig(vocab_size=VOCAB, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=128,
@@ -114,7 +129,10 @@ def oracle(kind: str, rows: int, steps: int) -> dict:
 
 def run_oracle(case: dict, ctx) -> dict:
     d = case["distribution"]
-    model = te.transform(fresh(case["model"]), distribution=d, seed=SEED, kernels=case.get("kernels"))
+    model = te.transform(fresh(case["model"]), distribution=d, seed=SEED, kernels=case.get("kernels"),
+                         tp_plan=SHARED_TP_PLAN if case["model"] == "shared" else None)
+    if case["model"] == "shared":  # the tie survives the layout: one parameter, whatever sharded it
+        assert model.stack[2][1].weight is model.stack[0][1].weight
     layout = getattr(model, "_trainyard_layout")
     m, pipelined = case["microbatches"], layout.dims.pp > 1
     rows = layout.dims.dp * m * case.get("rows_per_microbatch", 1)
@@ -137,9 +155,28 @@ def run_oracle(case: dict, ctx) -> dict:
     if ctx.rank == 0:
         want = oracle(case["model"], rows, STEPS)
         tied = {k for k in want if k not in got}
-        assert tied <= {"lm_head.weight"}, sorted(tied)
+        assert tied <= {"lm_head.weight", "stack.2.1.weight"}, sorted(tied)
         worst = max(((got[k].float() - want[k]).norm() / want[k].norm()).item() for k in got)
     return {"worst_rel_err": worst}
+
+
+def run_evaluate(case: dict, ctx) -> dict:
+    """te.evaluate and te.predict on `distribution` against the unsharded model's loss and logits (no training)."""
+    model = te.transform(fresh(case["model"]), distribution=case["distribution"], seed=SEED)
+    data = batch(50, 4)
+    mine = te.rows(model, data)
+    loss = te.evaluate(model, mine[:, :-1], mine[:, 1:], loss_fn, microbatches=2)
+    out = te.predict(model, mine[:, :-1], microbatches=2)
+    reference = fresh(case["model"])
+    with torch.no_grad():
+        want_logits = te.rows(model, reference(data[:, :-1]).logits)
+        want = loss_fn(reference(data[:, :-1]), data[:, 1:]).item()
+    out = getattr(out, "logits", out)  # an HF output without a pipeline, the last stage's logits with one
+    err = 0.0 if out is None else (out - want_logits).abs().max().item()
+    errs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, (err, out is not None))
+    return {"loss_err": abs(loss - want) / want, "predict_err": max(e for e, _ in errs),
+            "ranks_with_output": sum(has for _, has in errs)}
 
 
 def run_curve(case: dict, ctx) -> dict:
@@ -185,7 +222,8 @@ def main() -> None:
     ctx = te.init()
     results = {}
     for case in cases:
-        fn = {"oracle": run_oracle, "curve": run_curve, "export": run_export, "reload": run_reload}[case["kind"]]
+        fn = {"oracle": run_oracle, "curve": run_curve, "export": run_export, "reload": run_reload,
+              "evaluate": run_evaluate}[case["kind"]]
         results[case["name"]] = fn(case, ctx)
     if ctx.rank == 0:
         with open(out, "w") as fh:

@@ -107,10 +107,34 @@ def test_api_errors_name_the_fix(engine):
     with pytest.raises(ValueError, match="kernels"):
         te.transform(ResidualMLP(), kernels=["rmsnorm"])
     model = te.transform(ResidualMLP())
-    with pytest.raises(ValueError, match="no uri given"):
-        te.save_checkpoint(model, torch.optim.SGD(model.parameters(), lr=0.1), 1)
     with pytest.raises(ValueError, match="pipeline_parallel_degree 2 = 2 must divide the world size 1"):
         te.transform(ResidualMLP(), distribution={"pipeline_parallel_degree": 2})
+
+
+def test_checkpoints_without_a_location_are_skipped_with_one_note(engine, capsys, monkeypatch, tmp_path):
+    """A script that saves and loads runs as well without checkpoint_s3_uri: load gives 0, save saves nothing."""
+    monkeypatch.setenv("SM_INPUT_CONFIG_DIR", str(tmp_path))  # a contract without checkpointconfig.json
+    monkeypatch.chdir(tmp_path)
+    model = te.transform(ResidualMLP())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert te.load_checkpoint(model, opt) == 0
+    for step in (1, 2):
+        assert te.save_checkpoint(model, opt, step) == 0.0
+    out = capsys.readouterr().out
+    assert out.count("save_checkpoint: the job has no checkpoint location") == 1
+    assert "load_checkpoint: the job has no checkpoint location" in out and "training starts at step 0" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written anywhere
+
+
+def test_global_loss_and_evaluate_give_the_batch_mean(engine):
+    torch.manual_seed(0)
+    model = te.transform(ResidualMLP())
+    x = torch.randint(0, 128, (4, 9))
+    whole = loss_fn(model(x[:, :-1]), x[:, 1:]).item()
+    parts = sum(loss_fn(model(x[i:i + 2, :-1]), x[i:i + 2, 1:]).detach() / 2 for i in (0, 2))
+    assert te.global_loss(model, parts) == pytest.approx(whole, rel=1e-6)
+    assert te.evaluate(model, x[:, :-1], x[:, 1:], loss_fn, microbatches=2) == pytest.approx(whole, rel=1e-6)
+    assert torch.equal(te.predict(model, x[:, :-1]), model(x[:, :-1]).detach())
 
 
 def test_checkpoint_keeps_extra_values_and_loads_without_optimizer(engine, tmp_path):
@@ -148,20 +172,29 @@ def test_check_equivalence_reports_agreement_and_catches_a_wrong_layout(engine, 
 @pytest.mark.slow
 def test_layouts_match_a_single_process_oracle(tmp_path):
     """MiCS p=2 in a host, p=4 across 2 hosts with hierarchy, TP=2 x MiCS, PP=2 (HF and built-in), all with
-    gradient accumulation, through the public API only."""
+    gradient accumulation, through the public API only; and a weight two blocks share under MiCS (the two
+    blocks are one shard unit) and TP x MiCS (one DTensor parameter for both)."""
     cases = [
         {"name": "mlp mics p2", "model": "mlp", "distribution": {"mics": {"partition_group_size": 2}}},
         {"name": "hf mics p4 hierarchical", "model": "hf",
          "distribution": {"mics": {"partition_group_size": 4, "hierarchical_allgather": True}}},
         {"name": "mlp mics p4 hierarchical", "model": "mlp", "distribution": {"mics": {"partition_group_size": 4}}},
+        {"name": "shared weight mics p2", "model": "shared", "distribution": {"mics": {"partition_group_size": 2}}},
+        {"name": "shared weight tp2 x mics", "model": "shared", "distribution": {"tensor_parallel_degree": 2}},
         {"name": "hf tp2 x mics", "model": "hf", "distribution": {"tensor_parallel_degree": 2}},
         {"name": "hf pp2 x mics", "model": "hf", "distribution": {"pipeline_parallel_degree": 2}},
         {"name": "llama pp2 gpipe", "model": "llama",
          "distribution": {"pipeline_parallel_degree": 2, "pipeline_schedule": "gpipe"}},
     ]
-    results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2} for c in cases], tmp_path)
+    evaluate = {"name": "hf pp2 evaluate", "kind": "evaluate", "model": "hf",
+                "distribution": {"pipeline_parallel_degree": 2}}
+    results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2} for c in cases] + [evaluate],
+                               tmp_path)
     for case in cases:
         assert results[case["name"]]["worst_rel_err"] < 1e-5, (case["name"], results[case["name"]])
+    # evaluation under a pipeline: the loss on every rank, the logits on the last stage's 2 ranks
+    got = results["hf pp2 evaluate"]
+    assert got["loss_err"] < 1e-6 and got["predict_err"] < 1e-5 and got["ranks_with_output"] == 2, got
 
 
 @pytest.mark.slow

@@ -71,6 +71,59 @@ def test_an_hf_llama_trains_the_same_with_kernels(engine, capsys, monkeypatch):
     assert isinstance(out, LMHidden) and out.logits.shape == (1, 4, 96)  # logits on demand
 
 
+@pytest.mark.parametrize("kernels", ["eager", "triton"])
+def test_gemma2_trains_the_same_with_kernels(engine, kernels, capsys, monkeypatch):
+    """Gemma's norms are x * (1 + w) with w starting at 0, its MLP is GELU-gated and Gemma 2 soft-caps its final
+    logits: the norms were once swapped for x * w (every output 0, the loss stuck at ln V) and the cap dropped.
+    Now the norms take the offset form, the MLP is left alone and named, the fused loss caps."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.gemma2 import modeling_gemma2
+
+    from .families import config
+
+    monkeypatch.setattr(modeling_gemma2, "apply_rotary_pos_emb", modeling_gemma2.apply_rotary_pos_emb)
+    build = lambda: AutoModelForCausalLM.from_config(config("gemma2"))  # noqa: E731  (soft-cap 2.0: it matters)
+    want, _ = _losses(build, None, 128)
+    got, model = _losses(build, kernels, 128)
+    assert got == pytest.approx(want, rel=REL)
+    assert want[-1] < want[0]
+    out = capsys.readouterr().out
+    assert f"kernels ({kernels}): rms_norm 17, swiglu 0, rope 4, loss 1; left alone (their maths is not the ops'): " \
+           "Gemma2MLP x4" in out
+    hidden = model(torch.zeros(1, 4, dtype=torch.long))
+    assert isinstance(hidden, LMHidden) and hidden.softcap == 2.0
+
+
+def test_modules_whose_maths_differs_are_left_alone_and_named(engine, capsys):
+    """A norm by its class name that is not x * w nor x * (1 + w), and a gate/up/down MLP with another
+    activation: the probes compare each with the op on a small random input and keep the module's own."""
+    from torch import nn
+
+    class ScaledRMSNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight, self.eps = nn.Parameter(torch.ones(n)), 1e-6
+
+        def forward(self, x):  # an RMSNorm times 2 (w * 2): the op would be off by a factor
+            return 2 * self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    class ReluMLP(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = nn.Linear(n, 2 * n), nn.Linear(n, 2 * n), nn.Linear(2 * n, n)
+
+        def forward(self, x):
+            return self.down_proj(torch.relu(self.gate_proj(x)) * self.up_proj(x))
+
+    model = nn.Sequential(ScaledRMSNorm(8), ReluMLP(8), nn.LayerNorm(8, bias=False))
+    x = torch.randn(2, 3, 8)
+    want = model(x)
+    model = te.transform(model, kernels="eager")
+    assert torch.equal(model(x), want)
+    assert "rms_norm 0, swiglu 0, rope 0, loss 0; left alone (their maths is not the ops'): ScaledRMSNorm, ReluMLP, " \
+           "LayerNorm" in capsys.readouterr().out
+
+
 def test_kernel_modes_are_checked():
     assert [backend_of(k) for k in (None, "off", "eager", "eager-chunked", "triton", True)] == \
         [None, None, "eager", "eager", "triton", "auto"]

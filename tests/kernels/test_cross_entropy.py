@@ -36,10 +36,13 @@ def _data(n, h, v, *, ignored=(), dtype=torch.float32, seed=0, lead=None):
     return hidden.to(dtype), weight.to(dtype), targets
 
 
-def _reference(hidden, weight, targets, reduction="mean", grad_out=None):
+def _reference(hidden, weight, targets, reduction="mean", grad_out=None, softcap=None):
     h = hidden.detach().float().requires_grad_()
     w = weight.detach().float().requires_grad_()
-    loss = F.cross_entropy(F.linear(h, w).flatten(0, -2), targets.flatten(), reduction=reduction)
+    logits = F.linear(h, w)
+    if softcap:  # Gemma 2's final-logit soft-capping, as transformers writes it
+        logits = torch.tanh(logits / softcap) * softcap
+    loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction=reduction)
     (loss if grad_out is None else loss * grad_out.flatten()).sum().backward()
     return loss.detach(), h.grad, w.grad
 
@@ -125,6 +128,22 @@ def test_bf16_inputs(backend):
         assert (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_soft_capped_logits(backend, reduction, interpret):
+    """Logits around +-8 against a cap of 2 (tanh far from linear): the capped loss and its gradients."""
+    hidden, weight, targets = _data(24, 16, 70, ignored=(3,), seed=11)
+    weight = weight * 8
+    grad_out = torch.rand(24) if reduction == "none" else None
+    got = _ours(hidden, weight, targets, reduction, grad_out, backend=backend, chunk_size=8, softcap=2.0)
+    want = _reference(hidden, weight, targets, reduction, grad_out, softcap=2.0)
+    _close(got, want)
+    uncapped = _reference(hidden, weight, targets, reduction, grad_out)
+    assert (got[0] - uncapped[0]).abs().max() > 0.1  # the cap changes the loss: the test can fail
+    with pytest.raises(ValueError, match="softcap must be > 0"):
+        fused_linear_cross_entropy(hidden, weight, targets, softcap=-1.0)
+
+
 def test_gradcheck_float64_eager():
     hidden, weight, targets = _data(6, 4, 7, ignored=(2,), dtype=torch.float64, seed=6)
     hidden.requires_grad_(), weight.requires_grad_()
@@ -197,13 +216,15 @@ def test_opcheck(reduction):
     hidden, weight, targets = _data(6, 8, 11, ignored=(1,), seed=8)
     hidden.requires_grad_(), weight.requires_grad_()
     torch.library.opcheck(torch.ops.trainyard.fused_linear_cross_entropy.default,
-                          (hidden, weight, targets, -100, reduction, "eager", 4))
+                          (hidden, weight, targets, -100, reduction, "eager", 4, 0.0))
+    torch.library.opcheck(torch.ops.trainyard.fused_linear_cross_entropy.default,
+                          (hidden, weight, targets, -100, reduction, "eager", 4, 2.0))
 
 
 def test_opcheck_backward_op():
     hidden, weight, targets = _data(6, 8, 11, ignored=(1,), seed=9)
     torch.library.opcheck(torch.ops.trainyard.fused_linear_cross_entropy_backward.default,
-                          (hidden, weight, targets, torch.randn(6), -100, "eager", 4))
+                          (hidden, weight, targets, torch.randn(6), -100, "eager", 4, 0.0))
 
 
 # ---- memory ------------------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ from trainyard.engine.components.data import rank_rows
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.engine.distributed.parallelism import Parallelism
-from trainyard.engine.distributed.parallelize import (Parallelized, clip_grad_norm, loss_value, parallelize, sync_for)
+from trainyard.engine.distributed.parallelize import (Parallelized, clip_grad_norm, loss_value, parallelize, plain,
+                                                      sync_for)
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
@@ -77,6 +78,8 @@ class Context(Dist):
     """This rank's profiled steps (None: the job profiles none of its steps)."""
     _metrics: MetricsLog | None = field(default=None, repr=False)
     """Rank 0's metrics.jsonl and TensorBoard writer, opened by the first log_metrics."""
+    _said: set = field(default_factory=set, repr=False)
+    """Notes said once per process (`_no_location`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -215,10 +218,12 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     pipeline = PipelineConfig(schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
                               microbatches=par.microbatches or par.pp, split=par.pipeline_split) if par.pp > 1 else None
     spec = resolve_spec(model, blocks=blocks, tp_plan=tp_plan)
+    if spec.note and ctx.is_main:
+        print(spec.note, flush=True)
     if backend is not None:
         swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1)
         if ctx.is_main:
-            print(f"kernels ({backend}): " + ", ".join(f"{k} {n}" for k, n in swapped.items()), flush=True)
+            print(f"kernels ({backend}): {swapped}", flush=True)
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init, compile=compile)
@@ -257,6 +262,48 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     return loss_value(total, par.dims)
 
 
+def global_loss(model: nn.Module, loss: torch.Tensor | float) -> float:
+    """The global-batch mean of a per-rank loss (a collective; every rank calls it): in an `accumulate` loop,
+    pass the sum over this rank's micro-batches of `loss / n` (each micro-batch's mean over its tokens, divided
+    by the micro-batch count). Ranks of one tensor-parallel group hold the same value and count once."""
+    par = _layout(model)
+    value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+    return loss_value(plain(value).float().to(par.device), par.dims)
+
+
+def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+             loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], *, microbatches: int = 1) -> float:
+    """The global-batch mean loss of this rank's rows without gradients (a collective), on every layout: through
+    the pipeline schedule's forward-only run under pipeline parallelism, else the model's forward. Call
+    `model.eval()` first for a model with dropout."""
+    par = _layout(model)
+    total = torch.zeros((), device=inputs.device)
+    with torch.no_grad(), par.spec.loss_context(par.dims.tp):
+        if par.dims.pp > 1:
+            losses: list[torch.Tensor] = []
+            par.schedule(microbatches, loss_fn).eval(*((inputs,) if par.holds_first else ()),
+                                                     target=targets if par.holds_last else None,
+                                                     losses=losses if par.holds_last else None)
+            for loss in losses:
+                total += plain(loss).float() / microbatches
+        else:
+            for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches)):
+                total += plain(loss_fn(model(x), y)).float() / microbatches
+    return loss_value(total, par.dims)
+
+
+def predict(model: nn.Module, inputs: torch.Tensor, *, microbatches: int = 1):
+    """The model's output for this rank's `inputs`, without gradients (a collective under pipeline parallelism):
+    under pipeline parallelism the last stage's output on the ranks that hold it and None on the others
+    (through the schedule's forward-only run, in `microbatches` chunks); else `model(inputs)`."""
+    par = _layout(model)
+    with torch.no_grad():
+        if par.dims.pp == 1:
+            return model(inputs)
+        out = par.schedule(microbatches, None).eval(*((inputs,) if par.holds_first else ()))
+        return out if par.holds_last else None
+
+
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
     """Clip the gradients of the whole model to `max_norm` (2-norm over every shard and stage); returns the
     norm before clipping."""
@@ -288,13 +335,23 @@ def log_metrics(step: int, metrics: dict[str, Any]) -> None:
         ctx._profiler.after_step(step)
 
 
-def _uri(uri: str | None, what: str) -> str:
+def _uri(uri: str | None) -> str:
+    """`uri`, else the job's checkpoint location; "" when there is neither."""
     uri = uri or checkpoint_uri_from_contract()
-    if not uri:
-        raise ValueError(f"{what}: no uri given and the job has no checkpoint location; pass uri='s3://...' or a "
-                         "path, or set checkpoint_s3_uri on the Estimator")
-    ckpt.validate_uri(uri)
+    if uri:
+        ckpt.validate_uri(uri)
     return uri
+
+
+def _no_location(what: str, ctx: Context) -> None:
+    """Say once per process, on the first rank, that checkpoints go nowhere."""
+    if ctx.is_main and what not in ctx._said:
+        ctx._said.add(what)
+        print(f"{what}: the job has no checkpoint location and no uri was given: {_NO_LOCATION[what]} (set "
+              "checkpoint_s3_uri on the Estimator, or pass uri='s3://...' or a path; said once)", flush=True)
+
+
+_NO_LOCATION = {"save_checkpoint": "nothing is saved", "load_checkpoint": "training starts at step 0"}
 
 
 def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *, uri: str | None = None,
@@ -303,10 +360,14 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
     """Save step `step` (a collective): model, optimizer, `scheduler` and `extra` (numbers or tensors), to
     `uri` (default: the job's checkpoint location). Asynchronous unless `blocking`: the call returns once the
     state is staged in host memory (the seconds it blocked), at most one save in flight; committed by
-    `.metadata`, verified on load, older steps purged beyond `keep_last`."""
+    `.metadata`, verified on load, older steps purged beyond `keep_last`. A job without a checkpoint location
+    (no `checkpoint_s3_uri`) and no `uri`: nothing is saved, said once; the same script runs with and without."""
     _layout(model)
-    uri = _uri(uri, "save_checkpoint")
+    uri = _uri(uri)
     ctx = current()
+    if not uri:
+        _no_location("save_checkpoint", ctx)
+        return 0.0
     heartbeat.set_phase("checkpoint")
     if blocking:
         t0 = time.perf_counter()
@@ -325,13 +386,16 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
 def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, uri: str | None = None,
                     extra: dict | None = None, scheduler=None) -> int:
     """Load the newest verified committed step under `uri` (default: the job's checkpoint location) into this
-    layout, resharding as needed (a collective); returns the step, 0 when there is none. `extra` is filled in
-    place with the values saved under its keys."""
+    layout, resharding as needed (a collective); returns the step, 0 when there is none, or when the job has no
+    checkpoint location and no `uri` is given. `extra` is filled in place with the values saved under its keys."""
     _layout(model)
-    uri = _uri(uri, "load_checkpoint")
+    uri = _uri(uri)
+    ctx = current()
+    if not uri:
+        _no_location("load_checkpoint", ctx)
+        return 0
     heartbeat.set_phase("checkpoint")
     wait_for_checkpoints()
-    ctx = current()
     step = ckpt.resume(uri, model, optimizer, scheduler, extra=extra,
                        warn=lambda m: print(m, flush=True) if ctx.is_main else None)
     return step or 0

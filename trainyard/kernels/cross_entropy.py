@@ -32,6 +32,10 @@ for Llama 3 8B's 8k tokens) would read and write the 2 GiB float32 buffer 32 tim
 Llama 3 8B (H 4096, V 128256): C = 1024, 525 MB of float32 logits per chunk, against 4.2 GB (8k tokens)
 for the full logits.
 
+Soft-capping (`softcap=c`, Gemma 2/3's `final_logit_softcapping`): each chunk's logits are replaced by
+c * tanh(z / c) before the row losses, and the gradient of the logits is multiplied by 1 - tanh(z / c)^2
+before the matmuls; one more (C, V) float32 buffer per chunk.
+
 Which implementation runs is `dispatch.choose(backend, hidden)`: "triton" (CUDA, or CPU under
 TRITON_INTERPRET=1) runs `_ce_rows_kernel` per chunk; "eager" (the chunked eager mode: what CPU runs without
 the interpreter) does the same per-chunk maths in torch, in place on one reused chunk buffer.
@@ -64,9 +68,10 @@ MAX_BLOCK = 32768
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                                ignore_index: int = -100, reduction: str = "mean", backend: str = "auto",
-                               chunk_size: int | None = None) -> torch.Tensor:
+                               chunk_size: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """`F.cross_entropy(F.linear(hidden, weight), targets, ignore_index=..., reduction=...)` without the
-    full logits (see the module docstring).
+    full logits (see the module docstring). `softcap` c: the logits are soft-capped first, c * tanh(z / c)
+    (Gemma 2 and 3's final-logit soft-capping).
 
     hidden (..., H), weight (V, H) (the LM head, no bias), targets of hidden.shape[:-1] (int64).
     Returns a float32 scalar for "mean"/"sum", float32 of targets' shape for "none".
@@ -74,10 +79,12 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     chunk_size: tokens per chunk; default `chunk_size_for(H, N)`.
     """
     h2, t1 = _flatten(hidden, weight, targets, reduction)
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"fused_linear_cross_entropy: softcap must be > 0 (or None), got {softcap!r}")
     impl = dispatch.choose(backend, hidden)
     chunk = chunk_size or chunk_size_for(h2.shape[1], h2.shape[0])
     loss, _, _ = torch.ops.trainyard.fused_linear_cross_entropy(h2, weight, t1, ignore_index, reduction, impl,
-                                                                chunk)
+                                                                chunk, float(softcap or 0.0))
     return loss.view(targets.shape) if reduction == "none" else loss
 
 
@@ -115,22 +122,24 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @torch.library.custom_op("trainyard::fused_linear_cross_entropy", mutates_args=())
 def _flce_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
-             reduction: str, backend: str, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             reduction: str, backend: str, chunk_size: int,
+             softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_hidden, grad_weight): the loss as reduced, and for "mean"/"sum" the gradients of that
-    loss ((N, H) in hidden's dtype, (V, H) float32; empty for "none"), saved for the backward."""
+    loss ((N, H) in hidden's dtype, (V, H) float32; empty for "none"), saved for the backward. softcap 0: none."""
     if reduction == "none":
-        rows, _, _ = _chunked(hidden, weight, targets, None, ignore_index, backend, chunk_size)
+        rows, _, _ = _chunked(hidden, weight, targets, None, ignore_index, backend, chunk_size, softcap)
         return rows, hidden.new_empty(0), hidden.new_empty(0, dtype=_math_dtype(weight.dtype))
     count = (targets != ignore_index).sum()
     scale = 1.0 / count.clamp(min=1).to(_math_dtype(hidden.dtype)) if reduction == "mean" \
         else torch.ones((), dtype=_math_dtype(hidden.dtype), device=hidden.device)
-    rows, grad_hidden, grad_weight = _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk_size)
+    rows, grad_hidden, grad_weight = _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk_size,
+                                              softcap)
     loss = rows.sum()
     return (loss / count if reduction == "mean" else loss), grad_hidden, grad_weight
 
 
 @_flce_op.register_fake
-def _(hidden, weight, targets, ignore_index, reduction, backend, chunk_size):
+def _(hidden, weight, targets, ignore_index, reduction, backend, chunk_size, softcap):
     math = _math_dtype(hidden.dtype)
     if reduction == "none":
         return hidden.new_empty(hidden.shape[0], dtype=math), hidden.new_empty(0), hidden.new_empty(0, dtype=math)
@@ -139,26 +148,27 @@ def _(hidden, weight, targets, ignore_index, reduction, backend, chunk_size):
 
 @torch.library.custom_op("trainyard::fused_linear_cross_entropy_backward", mutates_args=())
 def _flce_backward_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, grad_rows: torch.Tensor,
-                      ignore_index: int, backend: str, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                      ignore_index: int, backend: str, chunk_size: int,
+                      softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_hidden, grad_weight float32) of sum(grad_rows * row_losses): reduction="none"'s backward."""
     _, grad_hidden, grad_weight = _chunked(hidden, weight, targets, grad_rows.to(_math_dtype(hidden.dtype)),
-                                           ignore_index, backend, chunk_size)
+                                           ignore_index, backend, chunk_size, softcap)
     return grad_hidden, grad_weight
 
 
 @_flce_backward_op.register_fake
-def _(hidden, weight, targets, grad_rows, ignore_index, backend, chunk_size):
+def _(hidden, weight, targets, grad_rows, ignore_index, backend, chunk_size, softcap):
     return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape, dtype=_math_dtype(weight.dtype))
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, targets, ignore_index, reduction, backend, chunk_size = inputs
+    hidden, weight, targets, ignore_index, reduction, backend, chunk_size, softcap = inputs
     _, grad_hidden, grad_weight = output
     ctx.mark_non_differentiable(grad_hidden, grad_weight)
     ctx.set_materialize_grads(False)  # else backward would get (V, H) zeros for the unused outputs
     ctx.reduction, ctx.weight_dtype = reduction, weight.dtype
     if reduction == "none":
-        ctx.args = (ignore_index, backend, chunk_size)
+        ctx.args = (ignore_index, backend, chunk_size, softcap)
         ctx.save_for_backward(hidden, weight, targets)
     else:
         ctx.save_for_backward(grad_hidden, grad_weight)
@@ -166,15 +176,15 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_loss, _grad_hidden, _grad_weight):
     if grad_loss is None:
-        return None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None, None
     if ctx.reduction == "none":
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden, grad_weight = torch.ops.trainyard.fused_linear_cross_entropy_backward(
             hidden, weight, targets, grad_loss, *ctx.args)
-        return grad_hidden, grad_weight.to(ctx.weight_dtype), None, None, None, None, None
+        return grad_hidden, grad_weight.to(ctx.weight_dtype), None, None, None, None, None, None
     grad_hidden, grad_weight = ctx.saved_tensors
     return _scaled(grad_hidden, grad_loss), _scaled(grad_weight, grad_loss, ctx.weight_dtype), \
-        None, None, None, None, None
+        None, None, None, None, None, None
 
 
 _flce_op.register_autograd(_backward, setup_context=_setup_context)
@@ -197,9 +207,11 @@ def _scaled(grad: torch.Tensor, grad_loss: torch.Tensor, dtype: torch.dtype | No
 
 # ---- the chunked loop (both backends) ------------------------------------------------------------------
 
-def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk):
+def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk, softcap=0.0):
     """Row losses (N,), and when `scale` is given (a 0-d tensor, or (N,) per-row factors) the gradients of
-    sum(scale * row_losses): grad_hidden (N, H) in hidden's dtype and grad_weight (V, H) in float32."""
+    sum(scale * row_losses): grad_hidden (N, H) in hidden's dtype and grad_weight (V, H) in float32. With
+    `softcap` c > 0 each chunk's logits z become c * tanh(z / c) before the loss, and their gradient is
+    multiplied by the cap's derivative, 1 - tanh(z / c)^2, before the two matmuls."""
     n, h = hidden.shape
     v = weight.shape[0]
     math = _math_dtype(hidden.dtype)
@@ -218,19 +230,31 @@ def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk):
         h_c, t_c = hidden[start:end], targets[start:end]
         logits = torch.mm(h_c, weight.t(), out=logits_buf[: end - start])
         s_c = None if not grads else scale if scale.dim() == 0 else scale[start:end]
+        capped = _soft_cap(logits, softcap) if softcap else None  # tanh(z / c), in the math dtype
         if backend == "triton":
             rows[start:end] = _rows_triton(logits, t_c, s_c, ignore_index)
             dlogits = dmath = logits  # the kernel wrote the gradient over the logits
+            if grads and capped is not None:
+                dlogits.mul_(capped.square_().neg_().add_(1.0))
         else:
             dmath = math_buf[: end - start]
             if math_buf is not logits_buf:
                 dmath.copy_(logits)
             rows[start:end] = _rows_eager(dmath, t_c, s_c, ignore_index)
+            if grads and capped is not None:
+                dmath.mul_(capped.square_().neg_().add_(1.0))
             dlogits = logits.copy_(dmath) if dmath.dtype != logits.dtype else dmath
         if grads:
             torch.mm(dlogits, weight, out=grad_hidden[start:end])
             _accumulate(grad_weight, dlogits, dmath, h_c)
     return rows, grad_hidden, grad_weight
+
+
+def _soft_cap(logits, cap):
+    """Overwrite `logits` (z) with cap * tanh(z / cap); returns tanh(z / cap) in the math dtype, for the gradient."""
+    t = torch.tanh(logits.to(_math_dtype(logits.dtype)) / cap)
+    logits.copy_(t * cap)
+    return t
 
 
 def _rows_eager(logits, targets, scale, ignore_index):

@@ -8,7 +8,9 @@ A model built on the meta device is materialised after sharding (`to_empty`) and
 copy of that module alone is materialised, the CPU generator is seeded from (seed, module path), the
 initialiser runs on it (HF `_init_weights`, `reset_parameters`, or the user's `init=`), and each rank copies
 its own piece of every full value (`distribute_tensor` with no source rank: no communication). One module's
-full weights are in memory at a time, and 1 process or N processes start from bit-identical weights.
+full weights are in memory at a time, and 1 process or N processes start from bit-identical weights. A tied
+weight is filled once, by the first module that holds it (the input embedding before the head, as Hugging
+Face's `tie_weights` leaves it).
 """
 from __future__ import annotations
 
@@ -58,12 +60,14 @@ def init_by_module(model: nn.Module, template: nn.Module, seed: int, init: Calla
     """Fill the materialised (possibly sharded, possibly a pipeline stage of) `model` from `template`, the
     unsharded model on the meta device, one module at a time (see the module docstring)."""
     own = dict(model.named_modules())
+    filled: set[int] = set()  # template tensors filled already: a tied weight keeps its first module's values
     for path, tmod in template.named_modules():
         target = own.get(path)
         if target is None:
             continue  # another pipeline stage's module
-        names = [n for n, _ in tmod.named_parameters(recurse=False)] + \
-                [n for n, _ in tmod.named_buffers(recurse=False)]
+        names = [n for n, t in (*tmod.named_parameters(recurse=False), *tmod.named_buffers(recurse=False))
+                 if id(t) not in filled]
+        filled.update(id(t) for t in (*tmod.parameters(recurse=False), *tmod.buffers(recurse=False)))
         if not names:
             continue
         cpu = copy.deepcopy(tmod).to_empty(device="cpu", recurse=False)

@@ -1,6 +1,6 @@
 """MiCS on FSDP2: partition-group sharding, hierarchical collectives, 2-hop gradient sync.
 
-`apply_mics(model, blocks, dims, config)` shards every block and then the root with `fully_shard`
+`apply_mics(model, blocks, dims, config)` shards every block (blocks sharing a parameter as one unit) and then the root with `fully_shard`
 over the 2-D mesh `(dp_replicate, dp_shard)` of `ParallelDims`: model states are sharded inside a
 partition group of p = dp_shard ranks and replicated across the r = dp_replicate groups. Partition size
 1 is DDP, p = world is ZeRO-3; `reshard_after_forward=False` is ZeRO-2-like, an int is hpZ-like.
@@ -159,17 +159,20 @@ def uses_hierarchy(dims: ParallelDims, config: MiCSConfig) -> bool:
     return dims.shard_hosts > 1 and config.hierarchical is not False
 
 
-def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, config: MiCSConfig) -> nn.Module:
-    """Shard `model` over the partition groups of `dims`: each of `blocks` (the units gathered one at a time,
-    in forward order), then the root (what no block holds: embeddings, final norm, head)."""
+def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSConfig) -> nn.Module:
+    """Shard `model` over the partition groups of `dims`: each unit (the blocks gathered together, in forward
+    order: a block, or a list of the blocks that share a parameter, `ties.shard_units`), then the root (what no
+    block holds: embeddings, final norm, head)."""
     check_offload(config, dims.mesh.device_type)
+    units = [unit if isinstance(unit, list) else [unit] for unit in units]
+    blocks = [unit[0] for unit in units]  # a unit's first block is its FSDP handle
     # one replica, or replicas synced by ReplicaSync: 1-D sharding, so FSDP issues no all-reduce of its own
     mesh = dims.dp_mesh() if uses_native_sync(dims, config) else dims.mesh["dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype,
                                   reduce_dtype=config.reduce_dtype or config.param_dtype)
     offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
-    for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload,
+    for unit in units:
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy, offload_policy=offload,
                     reshard_after_forward=config.reshard_after_forward)
     # The root (embedding, final norm, head) is used again at once by backward: keep it gathered.
     fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False)
@@ -179,7 +182,7 @@ def apply_mics(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, co
         for module in [*blocks, model]:
             module.set_custom_all_gather(HierarchicalAllGather(intra, inter, k, m, config.hierarchical_chunks))
             module.set_custom_reduce_scatter(HierarchicalReduceScatter(intra, inter, k, m))
-    if config.prefetch and len(blocks) > 1:
+    if config.prefetch and len(blocks) > 1 and all(len(unit) == 1 for unit in units):
         for i, block in enumerate(blocks):
             if i + 1 < len(blocks):
                 block.set_modules_to_forward_prefetch([blocks[i + 1]])

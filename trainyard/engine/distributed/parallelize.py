@@ -32,6 +32,7 @@ from trainyard.engine.distributed.materialize import (broadcast_weights, check_m
 from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch
 from trainyard.engine.distributed.replica_sync import ReplicaSync
 from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, cut_stage, rank_stages
+from trainyard.engine.distributed.ties import Tie, check_ties, find_ties, retie, shard_units
 from trainyard.engine.distributed.tp import apply_tp_plan
 from trainyard.engine.models.spec import ModelSpec
 
@@ -90,8 +91,8 @@ class RankModel(nn.Module):
 
     def _mirror(self, module: nn.Module, path: str, units: set[int]) -> None:
         for name, child in module.named_children():
-            if child is None:
-                continue
+            if child is None or not any(True for _ in (*child.parameters(), *child.buffers())):
+                continue  # nothing to train or save: a placeholder of another stage's block, an identity
             sub = f"{path}.{name}" if path else name
             if id(child) in units or not any(True for _ in child.children()):
                 self._place(sub, child)
@@ -132,17 +133,20 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     blocks_of = [spec.blocks(part) for part in parts]
     syncs: list[ReplicaSync | None] = []
     for part, blocks in zip(parts, blocks_of):
+        ties = find_ties(part)
         if not meta and not sharded:
             part.to(device)  # sharded: fully_shard moves each rank's shards to the mesh's device
         if dims.tp > 1:
             _apply_tp(part, spec, dims)
+            retie(part, ties, after="tensor parallelism")
         apply_ac(blocks, ac)
         if compile:
             apply_compile(blocks)
         if sharded:
-            apply_mics(part, blocks, dims, mics)
+            apply_mics(part, shard_units(part, blocks, ties), dims, mics)
         if meta:
-            _materialise(part, spec, template, device, seed, init, offload=sharded and mics.cpu_offload)
+            _materialise(part, spec, template, device, seed, init, offload=sharded and mics.cpu_offload, ties=ties)
+        check_ties(part, ties)
         syncs.append(replica_sync(part, blocks, dims, mics) if sharded else None)
     one = parts[0] if len(parts) == 1 else RankModel(parts, [b for bs in blocks_of for b in bs])
     return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, coords=coords,
@@ -162,9 +166,12 @@ def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pp_rank: int, pi
     if dims.pp == 1:
         return [0], 1, [model]
     if spec.stages is None:
-        raise ValueError(f"pipeline_parallel_degree {dims.pp}: the engine cannot cut {spec.name} into stages (its "
-                         "forward is unknown); pipeline parallelism works for the built-in model and Hugging Face "
-                         "decoder-only causal LMs without tied embeddings; use tensor or MiCS sharding instead")
+        why = spec.no_stages or "its forward is unknown"
+        raise ValueError(f"pipeline_parallel_degree {dims.pp}: the engine cannot cut {spec.name} into stages ({why}); "
+                         "pipeline parallelism works for the built-in model and Hugging Face decoder-only causal LMs "
+                         "without tied embeddings; use tensor or MiCS sharding instead")
+    if spec.stages.verify is not None:
+        spec.stages.verify(model)
     pipeline = pipeline or PipelineConfig(microbatches=dims.pp)
     num_stages = dims.pp * pipeline.virtual_stages
     stages = rank_stages(pp_rank, dims.pp, pipeline.virtual_stages)
@@ -180,14 +187,16 @@ def _apply_tp(part: nn.Module, spec: ModelSpec, dims: ParallelDims) -> None:
     if not plan:
         raise ValueError(f"tensor_parallel_degree {dims.tp}: {spec.name} has no tensor-parallel plan; pass "
                          "tp_plan={'fqn pattern': 'colwise'|'rowwise'|...} to transform()")
-    apply_tp_plan(part, tp_mesh, plan)
+    apply_tp_plan(part, tp_mesh, plan, spec.tp_plan_source)
 
 
 def _materialise(part: nn.Module, spec: ModelSpec, template: nn.Module, device: torch.device, seed: int,
-                 init: Callable[[nn.Module], None] | None, *, offload: bool = False) -> None:
+                 init: Callable[[nn.Module], None] | None, *, offload: bool = False, ties: list[Tie] = ()) -> None:
     """Storage for `part`'s shards and buffers, filled. CPU offload: the shards in host memory (FSDP2 wants them
-    materialised there), the buffers on the device the forward runs on."""
+    materialised there), the buffers on the device the forward runs on. `to_empty` gives every module a new
+    parameter, so tied ones are tied again before they are filled."""
     part.to_empty(device="cpu" if offload else device)
+    retie(part, list(ties), after="materialisation")
     if offload:
         for module in part.modules():
             for name, buffer in module._buffers.items():

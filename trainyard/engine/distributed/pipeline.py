@@ -51,10 +51,31 @@ def rank_stages(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     return [pp_rank + i * pp for i in range(virtual_stages)]
 
 
+class StageInput:
+    """What a stage received (hidden states), for the `OtherStage` placeholders before its blocks."""
+
+    value: torch.Tensor | None = None
+
+
+class OtherStage(nn.Module):
+    """The place of a block another pipeline stage holds (`StageSplit.placeholders`). Before the stage's own
+    blocks it returns what the stage received (`source`): whatever the model's forward does to its input before
+    the blocks (an embedding scale) was done by the stage that ran the embedding; after them it passes its input
+    on. No parameters: names, checkpoints and the optimizer see only the stage's own blocks."""
+
+    def __init__(self, source: StageInput | None) -> None:
+        super().__init__()
+        self.source = source
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return self.source.value if self.source is not None else hidden_states
+
+
 def cut_stage(model: nn.Module, split: StageSplit, stage: int, num_stages: int,
               counts: list[int] | None = None) -> nn.Module:
     """Stage `stage` of `num_stages` of `model` (a copy; cheap on the meta device): its blocks under their
-    original names, the `first` modules on stage 0 only, the `last` ones on the final stage only."""
+    original names, the `first` modules on stage 0 only, the `last` ones on the final stage only. With
+    placeholders, the copy's `trainyard_stage_input` (a `StageInput`) is what the stage forward fills."""
     part = copy.deepcopy(model)
     parent_path, _, attr = split.blocks.rpartition(".")
     parent = part.get_submodule(parent_path) if parent_path else part
@@ -62,11 +83,18 @@ def cut_stage(model: nn.Module, split: StageSplit, stage: int, num_stages: int,
     items = list(container.items()) if isinstance(container, nn.ModuleDict) else \
         [(str(i), b) for i, b in enumerate(container)]
     keep = set(stage_layers(len(items), num_stages, counts)[stage])
-    setattr(parent, attr, nn.ModuleDict({k: b for i, (k, b) in enumerate(items) if i in keep}))
+    if split.placeholders and isinstance(container, nn.ModuleList):
+        source = StageInput()
+        part.trainyard_stage_input = source
+        setattr(parent, attr, nn.ModuleList(b if i in keep else OtherStage(source if i < min(keep) else None)
+                                            for i, (_, b) in enumerate(items)))
+    else:
+        setattr(parent, attr, nn.ModuleDict({k: b for i, (k, b) in enumerate(items) if i in keep}))
     dropped = (split.first if stage != 0 else ()) + (split.last if stage != num_stages - 1 else ())
     for path in dropped:
         owner_path, _, name = path.rpartition(".")
-        setattr(part.get_submodule(owner_path) if owner_path else part, name, None)
+        setattr(part.get_submodule(owner_path) if owner_path else part, name,
+                nn.Identity() if path in split.identity else None)
     if split.forward is not None:
         # an instance attribute: module hooks (FSDP's) still run around it when the stage is called
         part.forward = types.MethodType(split.forward, part)

@@ -19,5 +19,5 @@ def resolve_spec(model: nn.Module, *, blocks=None, tp_plan: dict | None = None) 
         spec.blocks = generic.blocks_selector(blocks)
     if tp_plan is not None:
         plan = dict(tp_plan)
-        spec.tp_plan, spec.apply_tp = (lambda m: plan), None
+        spec.tp_plan, spec.apply_tp, spec.tp_plan_source = (lambda m: plan), None, "tp_plan"
     return spec

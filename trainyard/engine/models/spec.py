@@ -29,10 +29,13 @@ class StageSplit:
     """How a model is cut into pipeline stages by module names.
 
     Every stage is a copy of the model (cheap on the meta device) from which what it does not hold is
-    removed: blocks of other stages (the block container becomes a ModuleDict keyed by the original
-    indices, so parameter names do not change), the `first` modules except on stage 0 and the `last`
-    modules except on the final stage (set to None). `forward(stage_model, x)` runs a stage: token ids in
-    on the first stage, hidden states between stages, the model's output (logits) on the last.
+    removed: blocks of other stages, the `first` modules except on stage 0 and the `last` modules except on
+    the final stage (set to None, or to nn.Identity for those in `identity`). The blocks of other stages
+    either leave the container (it becomes a ModuleDict keyed by the original indices, so parameter names do
+    not change) or, with `placeholders`, are replaced in the model's own ModuleList by `OtherStage` modules
+    (pipeline.py): the list keeps its length, so the model's own forward runs unchanged and settings it reads
+    by layer index stay right. `forward(stage_model, x)` runs a stage: token ids in on the first stage, hidden
+    states between stages, the model's output (logits) on the last.
     """
 
     blocks: str
@@ -41,8 +44,15 @@ class StageSplit:
     """Paths of the modules before the blocks (embeddings)."""
     last: tuple[str, ...]
     """Paths of the modules after the blocks (final norm, head)."""
+    identity: tuple[str, ...] = ()
+    """Those of `first`/`last` that a stage without them gets as nn.Identity (the model's forward calls them)."""
+    placeholders: bool = False
+    """Blocks of other stages become `OtherStage` placeholders in place (see above)."""
     forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
     """The stage forward; None: the model's own forward copes with missing pieces."""
+    verify: Callable[[nn.Module], None] | None = None
+    """Called with the whole model before it is cut: ValueError, naming the model, when its stages would not
+    compute what the model computes (e.g. a split run of a small model of the same family differs)."""
 
 
 @dataclass(kw_only=True)
@@ -50,9 +60,15 @@ class ModelSpec:
     name: str
     blocks: Callable[[nn.Module], list[nn.Module]]
     tp_plan: Callable[[nn.Module], dict | None] = lambda model: None
+    tp_plan_source: str = "tp_plan"
+    """How errors name the plan: the user's `tp_plan`, or the model's own (`Phi3ForCausalLM._tp_plan`)."""
     apply_tp: Callable[[nn.Module, object], None] | None = None
     check_tp: Callable[[nn.Module, int], None] = lambda model, tp: None
     stages: StageSplit | None = None
+    no_stages: str | None = None
+    """Why the model cannot be cut into stages, when `stages` is None and the reason is the model's own."""
+    note: str | None = None
+    """One line transform() prints on the first rank (e.g. that the family was never verified here)."""
     init_module: Callable[[nn.Module], Callable[[nn.Module], None] | None] | None = None
     """Given the model, the per-module initialiser to use (None: the model has none)."""
     init_sharded: Callable[[nn.Module, int], None] | None = None

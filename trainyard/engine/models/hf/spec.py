@@ -1,25 +1,36 @@
 """Hugging Face models as a registered spec (transformers is an optional extra: `trainyard[hf]`).
 
 - Blocks: the modules of the classes named in `_no_split_modules` (`LlamaDecoderLayer`, ...).
-- TP plan: the model's own `_tp_plan` (its `base_model_tp_plan` under `model.` plus the head's entries):
-  q/k/v and gate/up column-parallel, o and down row-parallel, the embedding split over the vocabulary and
-  the head column-parallel with its logits gathered, so the forward returns plain full logits and HF
-  output classes. With tied embeddings the head is left out of the plan (one weight cannot be split two
-  ways). Heads, widths and vocabulary are checked against the degree.
-- Pipeline (decoder-only causal LMs with `model.embed_tokens`, `model.layers`, `model.norm`, `lm_head`):
-  stage 0 holds the embedding, the last stage the final norm and head; each stage recomputes the rotary
-  embedding and the causal mask from its input, so only hidden states cross stages.
+- TP plan: the model's own `_tp_plan` (its `base_model_tp_plan` under `model.` plus the head's entries), with
+  the styles transformers 5 emits mapped in `distributed/tp.py`; a style it does not map (MoE experts' packed
+  ones) refuses tensor parallelism, naming this plan. With tied embeddings the embedding and the head are
+  left out of the plan (one weight cannot be split two ways). Heads, widths and vocabulary are checked
+  against the degree.
+- Pipeline (decoder-only causal LMs with `model.embed_tokens`, `model.layers`, `model.norm`, `lm_head`, untied):
+  every stage runs the model's own forward. Blocks of other stages are `OtherStage` placeholders in the
+  model's own layer list (per-layer settings such as Gemma's sliding/full attention keep their index); a
+  later stage feeds what it receives in as `inputs_embeds`, and the placeholders before its blocks hand that
+  on unchanged (an embedding scale is applied once, by the first stage); stages other than the last have an
+  identity final norm and return the base model's hidden states; the last stage runs the causal LM's own
+  forward, final-logit soft-capping and scaling included. When the pipeline is built, a 3-stage run of a
+  small model of the same class is compared with that model's forward (`verify_stages`), and a difference
+  refuses the layout, naming the class.
 - Meta-device init: the model's `_init_weights`, module by module (`distributed.materialize`).
 """
 from __future__ import annotations
 
+import copy
 import sys
 
 import torch
 from torch import nn
 
 from trainyard.engine.models.generic import blocks_by_class
+from trainyard.engine.models.hf.families import unverified_note
 from trainyard.engine.models.spec import ModelSpec, StageSplit
+
+# A stage split of the small verification model agrees with its forward to float32 rounding (~1e-7).
+STAGE_TOLERANCE = 1e-5
 
 
 def _config(model: nn.Module):
@@ -32,8 +43,10 @@ def tp_plan(model: nn.Module) -> dict | None:
         base = getattr(_config(model), "base_model_tp_plan", None) or {}
         prefix = "" if getattr(model, "base_model", model) is model else f"{model.base_model_prefix}."
         plan = {f"{prefix}{k}": v for k, v in base.items()}
-    if getattr(_config(model), "tie_word_embeddings", False):
-        plan = {k: v for k, v in plan.items() if k not in ("lm_head", "model.embed_tokens", "embed_tokens")}
+    if getattr(_config(model), "tie_word_embeddings", False):  # the tied embedding and head stay whole
+        ends = (model.get_input_embeddings(), model.get_output_embeddings())
+        tied = {n for n, m in model.named_modules() if any(m is e for e in ends if e is not None)}
+        plan = {k: v for k, v in plan.items() if k not in tied}
     return plan or None
 
 
@@ -50,35 +63,134 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return blocks_by_class(model, list(getattr(model, "_no_split_modules", None) or ()))
 
 
-def stage_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """One pipeline stage of a decoder-only causal LM: token ids (first stage) or hidden states in; hidden
-    states, or logits on the last stage, out."""
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+def _stage_forward(base: str, embed: str, head: str):
+    def stage_forward(part: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """One pipeline stage through the model's own forward: token ids (first stage) or hidden states in; the
+        base model's hidden states out, or the causal LM's logits on the last stage."""
+        model = getattr(part, base)
+        if getattr(model, embed) is not None:
+            inputs = {"input_ids": x}
+        else:
+            part.trainyard_stage_input.value = x  # what the placeholders before this stage's blocks return
+            inputs = {"inputs_embeds": x}
+        if getattr(part, head) is not None:
+            return type(part).forward(part, use_cache=False, **inputs).logits
+        return model(use_cache=False, **inputs).last_hidden_state
 
-    base = model.model
-    h = base.embed_tokens(x) if base.embed_tokens is not None else x
-    position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-    makers = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
-    masks: dict = {}
-    kinds = getattr(model.config, "layer_types", None)
-    sliding = getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", True)
-    position_embeddings = base.rotary_emb(h, position_ids=position_ids)
-    for index, layer in base.layers.items():
-        kind = kinds[int(index)] if kinds else ("sliding_attention" if sliding else "full_attention")
-        kind = kind if kind in makers else "full_attention"
-        if kind not in masks:
-            masks[kind] = makers[kind](config=model.config, inputs_embeds=h, attention_mask=None,
-                                       past_key_values=None, position_ids=position_ids)
-        h = layer(h, attention_mask=masks[kind], position_embeddings=position_embeddings, position_ids=position_ids)
-    if base.norm is not None:
-        h = base.norm(h)
-    return model.lm_head(h) if model.lm_head is not None else h
+    return stage_forward
 
 
-def _decoder_only(model: nn.Module) -> bool:
-    base = getattr(model, "model", None)
-    return all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")) and \
-        isinstance(getattr(model, "lm_head", None), nn.Linear)
+_FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f")
+
+
+def stage_split(model: nn.Module) -> tuple[StageSplit | None, str | None]:
+    """How the model's own forward is cut into stages, or why it cannot be: (split, None) or (None, why)."""
+    name = type(model).__name__
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(base, nn.Module) or not isinstance(head, nn.Linear):
+        return None, f"{name} is not a base model with an nn.Linear LM head"
+    children = dict(base.named_children())
+    embed = next((n for n, c in children.items() if c is base.get_input_embeddings()), None)
+    blocks = {id(b) for b in _blocks(model)}
+    layers = next((n for n, c in children.items() if isinstance(c, nn.ModuleList) and len(c) and
+                   all(id(b) in blocks for b in c)), None)
+    norm = next((n for n in _FINAL_NORMS if n in children), None)
+    if None in (embed, layers, norm):
+        return None, f"{name}'s base model has no input embedding, list of decoder layers and final norm to cut"
+    extra = [n for n, c in children.items() if n not in (embed, layers, norm) and any(True for _ in c.parameters())]
+    if extra:
+        return None, f"{name}'s forward uses {', '.join(extra)} beside its layers, which would sit on every stage"
+    if getattr(model.config, "tie_word_embeddings", False):
+        return None, (f"{name} ties its input embedding and LM head (tie_word_embeddings), which would sit on the "
+                      "first and the last stage; build it with tie_word_embeddings=False to pipeline it")
+    head_name = next(n for n, c in model.named_children() if c is head)
+    return StageSplit(blocks=f"{prefix}.{layers}", first=(f"{prefix}.{embed}",), last=(f"{prefix}.{norm}", head_name),
+                      identity=(f"{prefix}.{norm}",), placeholders=True,
+                      forward=_stage_forward(prefix, embed, head_name), verify=verify_stages), None
+
+
+# ---- the pipeline's self-check ----------------------------------------------------------------------------
+
+_verified: dict[type, str | None] = {}  # model class -> why its stages are not exact (None: they are)
+
+
+def small_config(config, layers: int = 4):
+    """A copy of `config` small enough to build in a blink on a CPU, keeping what shapes the code paths: the head
+    dimension, grouped-query attention, every kind of layer (`layer_types`), a sliding window shorter than the
+    check's sequence. Lists with one entry per layer are cut to `layers` entries; attention is the eager one."""
+    cfg = copy.deepcopy(config)
+    n_layers = getattr(config, "num_hidden_layers")
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    small = {"num_attention_heads": 4, "vocab_size": 96, "num_hidden_layers": layers}
+    if hasattr(config, "num_key_value_heads"):
+        small["num_key_value_heads"] = 4 if kv == heads else (1 if kv == 1 else 2)
+    if getattr(config, "head_dim", None):
+        small["hidden_size"] = 64
+    else:
+        small["hidden_size"] = 4 * head_dim
+    for key, value in vars(config).items():
+        if "intermediate_size" in key and isinstance(value, int):
+            small[key] = 2 * small["hidden_size"]
+        elif isinstance(value, list) and len(value) == n_layers and key != "layer_types":
+            small[key] = [value[i % len(value)] for i in range(layers)]
+    kinds = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
+    if kinds:
+        small["layer_types"] = [kinds[i % len(kinds)] for i in range(layers)]
+    if isinstance(getattr(config, "sliding_window", None), int):
+        small["sliding_window"] = 3
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(getattr(config, key, None), int):
+            small[key] = min(getattr(config, key), small["vocab_size"] - 1)
+    for key, value in small.items():
+        setattr(cfg, key, value)
+    cfg._attn_implementation = "eager"  # what the check tests is the split, not a GPU attention kernel
+    return cfg
+
+
+def _stage_difference(model: nn.Module) -> str | None:
+    """Why the stages of `model`'s class are not exact, from a small model of the class on this process; None
+    when a 3-stage split run of it equals its own forward."""
+    from trainyard.engine.distributed.pipeline import cut_stage  # the pipeline imports models.spec, not hf
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(0)
+            small = type(model)(small_config(model.config)).eval()
+            tokens = torch.randint(0, small.config.vocab_size, (2, 8))
+            with torch.no_grad():
+                want = small(tokens, use_cache=False).logits
+                split, why = stage_split(small)
+                if split is None:
+                    return why
+                h = tokens
+                for stage in range(3):
+                    h = cut_stage(small, split, stage, 3, [2, 1, 1])(h)
+    except Exception as e:  # any failure of a model we did not write means: not verified
+        return f"a 3-stage run of a small {type(model).__name__} failed: {type(e).__name__}: {e}"
+    err = ((h - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    if not err <= STAGE_TOLERANCE:
+        return f"a 3-stage run of a small {type(model).__name__} differs from its own forward by {err:.2e} (relative)"
+    return None
+
+
+def verify_stages(model: nn.Module) -> None:
+    """ValueError naming the class when its stages are not exact (checked once per class, on the first rank,
+    whose verdict every rank takes)."""
+    cls = type(model)
+    if cls not in _verified:
+        import torch.distributed as dist
+
+        verdict = [_stage_difference(model) if not dist.is_initialized() or dist.get_rank() == 0 else None]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(verdict, src=0)
+        _verified[cls] = verdict[0]
+    if _verified[cls] is not None:
+        raise ValueError(f"pipeline parallelism is refused for {cls.__name__}: {_verified[cls]}; use tensor or MiCS "
+                         "sharding for this model")
 
 
 def spec_for(model: nn.Module) -> ModelSpec | None:
@@ -86,9 +198,9 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     transformers = sys.modules.get("transformers")
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return None
-    stages = None
-    if _decoder_only(model) and not getattr(model.config, "tie_word_embeddings", False):
-        stages = StageSplit(blocks="model.layers", first=("model.embed_tokens",), last=("model.norm", "lm_head"),
-                            forward=stage_forward)
-    return ModelSpec(name=f"hf:{model.__class__.__name__}", blocks=_blocks, tp_plan=tp_plan, check_tp=check_tp,
-                     stages=stages, init_module=lambda m: m._init_weights)
+    name = type(model).__name__
+    stages, no_stages = stage_split(model)
+    return ModelSpec(name=f"hf:{name}", blocks=_blocks, tp_plan=tp_plan, check_tp=check_tp,
+                     tp_plan_source=f"{name}._tp_plan (transformers {transformers.__version__})",
+                     stages=stages, no_stages=no_stages, init_module=lambda m: m._init_weights,
+                     note=unverified_note(model, transformers.__version__))
