@@ -25,7 +25,7 @@ from trainyard.job.jsonio import now_iso
 from trainyard.sdk.aws.userdata import agent_command
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.local import free_port
-from trainyard.sdk.supervisor import descendants
+from trainyard.container.lifeline import descendants
 from tests.container.fake_imds import FakeImds
 
 from .conftest import IMAGE, Recorder, leftovers
@@ -88,7 +88,7 @@ class Instances:
     def stop(self) -> None:
         """What terminating the instances does: every process on them ends (the driver and training
         processes run in process groups of their own, so the whole tree is found first)."""
-        from trainyard.sdk.supervisor import signal_all
+        from trainyard.container.lifeline import signal_all
 
         for agent in self.agents:
             signal_all([agent.pid, *descendants(agent.pid)], signal.SIGKILL)

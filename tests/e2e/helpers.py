@@ -4,7 +4,6 @@ import os
 import tarfile
 import time
 
-import boto3
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -12,9 +11,7 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 def store_client():
     from trainyard.sdk.store import ensure_store
 
-    ep = ensure_store()
-    return boto3.client("s3", endpoint_url=ep.url, aws_access_key_id="x", aws_secret_access_key="x",
-                        region_name="us-east-1")
+    return ensure_store().client()
 
 
 def read_tar(uri: str) -> dict[str, bytes]:

@@ -30,17 +30,11 @@ def copy_scripts(dest, *names) -> str:
 
 def read_tar(uri: str) -> dict[str, bytes]:
     """The files of a .tar.gz artifact (`estimator.model_data`) on the store local jobs use."""
-    import boto3
-
     from trainyard.sdk.store import ensure_store
 
     assert uri and uri.startswith("s3://"), f"not an s3:// URI: {uri!r}"
-    ep = ensure_store()
-    kw = {}
-    if ep.embedded:
-        kw = dict(endpoint_url=ep.url, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
     bucket, _, key = uri[len("s3://"):].partition("/")
-    data = boto3.client("s3", **kw).get_object(Bucket=bucket, Key=key)["Body"].read()
+    data = ensure_store().client().get_object(Bucket=bucket, Key=key)["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return {m.name.removeprefix("./"): tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 

@@ -15,7 +15,6 @@ import sys
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import boto3
 import pytest
 
 from trainyard import Estimator
@@ -279,9 +278,7 @@ def bucket():
 
 
 def _store_client():
-    ep = ensure_store()
-    return boto3.client("s3", endpoint_url=ep.url, region_name="us-east-1", aws_access_key_id="x",
-                        aws_secret_access_key="x")
+    return ensure_store().client()
 
 
 def _bucket_names():

@@ -10,8 +10,9 @@ from trainyard.sdk import store
 
 
 def _client(url):
-    return boto3.client("s3", endpoint_url=url, aws_access_key_id="x", aws_secret_access_key="x",
-                        region_name="us-east-1")
+    """A client on the store at `url` with this user's key."""
+    ep = store.Endpoint(url, embedded=True)
+    return ep.client()
 
 
 @pytest.fixture

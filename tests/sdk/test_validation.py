@@ -119,13 +119,9 @@ def _jobs() -> set[str]:
 
 
 def _code_objects() -> set[str]:
-    import boto3
-
     from trainyard.sdk.store import ensure_store
 
-    ep = ensure_store()
-    s3 = boto3.client("s3", endpoint_url=ep.url, aws_access_key_id="x", aws_secret_access_key="x",
-                      region_name="us-east-1")
+    s3 = ensure_store().client()
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket="trainyard-default", Prefix="trainyard-code/")
     return {o["Key"] for page in pages for o in page.get("Contents", [])}
 

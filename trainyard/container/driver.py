@@ -42,12 +42,13 @@ import tarfile
 import tempfile
 import time
 
-from trainyard.container import efa, requirements
+from trainyard.container import efa, lifeline, requirements
 from trainyard.container.hostnames import RESOLVES_ENV
 from trainyard.job import storage
 from trainyard.job.jsonio import write_json
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import CheckpointSync
+from trainyard.container.codefetch import fetch_code
 from trainyard.container.contract import JOB_FILE, PLATFORM_ENV, render_contract, under_root, user_args
 from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
 from trainyard.container.failure import RankFailure, root_cause, tail
@@ -58,6 +59,7 @@ from trainyard.container.firststep import FirstStepWatch, rank_logs
 from trainyard.container.metricship import METRICS_FILE
 from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_ENV, PhaseLog
 from trainyard.job.jsonio import now_iso
+from trainyard.job.logstamp import stamped
 
 TORCHRUN = ("-m", "torch.distributed.run")
 PROBE_MODULE = "trainyard.container.probe"
@@ -139,14 +141,6 @@ def run_probe(cmd: list[str], cwd: str, timeout: float = PROBE_TIMEOUT_S) -> int
             proc.kill()
             proc.wait()
         return None
-
-
-def fetch_code(code_uri: str, code_dir: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = os.path.join(tmp, "sourcedir.tar.gz")
-        storage.get_file(code_uri, archive)
-        with tarfile.open(archive) as tar:
-            tar.extractall(code_dir, filter="data")
 
 
 def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int, RankFailure | None]:
@@ -321,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{host}/${{rank}}] "
 
     status: dict = {"host": host, "started": time.time()}
+    lifeline.watch(lambda: _supervisor_lost(host, root, status_file, status))
     failure: RankFailure | None = None
     reason = ""
     code_dir = f"{root}/code"
@@ -403,6 +398,24 @@ def main(argv: list[str] | None = None) -> int:
     write_json(status_file, status)
     _say(host, {0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
     return code
+
+
+def _supervisor_lost(host: str, root: str, status_file: str, status: dict) -> None:
+    """The lifeline broke: the supervisor (or node agent) is gone. Every process below this one is killed at
+    once, the reason written where it is read without the supervisor (the failure file, this host's status,
+    the host's log file when the supervisor named it), and the driver exits (container/lifeline.py)."""
+    lifeline.kill_below(os.getpid())
+    message = "the job's supervisor ended while the job ran; this host's ranks were stopped"
+    reason = f"{host} driver: {message}"
+    try:
+        write_failure(root, reason)
+        write_json(status_file, {**status, "exit_code": 1, "reason": reason, "finished": time.time()})
+        log = os.environ.get(lifeline.HOST_LOG_ENV)
+        if log:  # the supervisor pumped our output into it; now nobody reads the pipe
+            with open(log, "a") as fh:
+                fh.write(stamped(f"[{host}] driver: {message}") + "\n")
+    finally:
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.hang import HANG_WATCH_ENV
 from trainyard.container.hostnames import HOSTS_FILE, RESOLVES_ENV, update_hosts_file
 from trainyard.container.imds import SPOT_POLL_S, Imds, SpotWatcher
+from trainyard.container.lifeline import Lifeline
 from trainyard.container.logship import CWL_EVENT_BYTES, LogShipper
 from trainyard.container.metricship import METRICS_FILE, MetricsShipper
 from trainyard.container.peers import PEER_WAIT_S, find_peers, host_index, host_name, own_instance
@@ -206,6 +207,7 @@ class Agent:
         self.status: StatusWriter | None = None
         self.metrics: MetricsShipper | None = None  # the first host's only: metrics() reads algo-1's rows
         self.proc: subprocess.Popen | None = None
+        self.lifeline = Lifeline()
         self.notice: dict | None = None
         self.stop_signal: int | None = None
         self._wake = threading.Event()  # set by a signal or the spot notice: cuts every wait short
@@ -358,9 +360,11 @@ class Agent:
         # no process here sees every host: the driver watches its own ranks for hangs (container/hang.py)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", HANG_WATCH_ENV: "driver"}
         self._check_interrupt()
+        # the driver kills its ranks when this agent is gone, however it ended (container/lifeline.py)
         self.proc = proc = subprocess.Popen(
             [sys.executable, "-m", "trainyard.container.driver", "--root", self.root], env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            pass_fds=self.lifeline.hand_over(env))
         reader = threading.Thread(target=self._pump, args=(proc,), name="driver-output", daemon=True)
         reader.start()
         why: str | None = None

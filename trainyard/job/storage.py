@@ -79,11 +79,11 @@ def get_file(uri: str, local_path: str) -> None:
         shutil.copyfile(_local(uri), local_path)
 
 
-def get_bytes(uri: str) -> bytes:
-    """The whole object (`s3://`) or file (`file://`) at `uri`."""
+def get_bytes(uri: str, s3=None) -> bytes:
+    """The whole object (`s3://`) or file (`file://`) at `uri`; `s3`: the client (default: `s3_client()`)."""
     if uri.startswith("s3://"):
         bucket, key = split_s3(uri)
-        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return (s3 or s3_client()).get_object(Bucket=bucket, Key=key)["Body"].read()
     with open(_local(uri), "rb") as fh:
         return fh.read()
 
@@ -140,11 +140,35 @@ def shard(files: list, host_index: int, host_count: int, distribution: str) -> l
     return files[host_index::host_count] if distribution == "ShardedByS3Key" else list(files)
 
 
+class UnsafeKey(ValueError):
+    """An object key that would be written outside the folder it is downloaded into."""
+
+
+def inside(dest: str, rel: str) -> str:
+    """`dest/rel` for an object's path `rel` relative to its prefix, refused (UnsafeKey, naming it) when it
+    could land outside `dest`: an absolute path, an empty part (`a//b`), a `.` or `..` part, a NUL, or a part
+    that is a symbolic link in `dest` leading elsewhere. The one join every download uses."""
+    parts = rel.split("/")
+    if not rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts) or \
+            (os.sep != "/" and os.sep in rel):
+        raise UnsafeKey(f"the object key part {rel!r} would be written outside {dest} ('..', '.', '//' or an "
+                        "absolute path); rename the object (nothing was downloaded)")
+    path = os.path.join(dest, *parts)
+    top = os.path.realpath(dest)
+    if not os.path.realpath(path).startswith(top.rstrip(os.sep) + os.sep):
+        raise UnsafeKey(f"the object key part {rel!r} leads outside {dest} through a symbolic link; nothing was "
+                        "downloaded")
+    return path
+
+
 def download_tree(uri: str, dest: str, files: list[tuple[str, str, int]] | None = None) -> int:
-    """Copy the objects under `uri` (or the given subset of `list_files(uri)`) into `dest`; returns bytes."""
+    """Copy the objects under `uri` (or the given subset of `list_files(uri)`) into `dest`; returns bytes. Every
+    key is checked (`inside`) before anything is written."""
+    files = files if files is not None else list_files(uri)
+    paths = [inside(dest, rel) for _, rel, _ in files]
     total = 0
-    for obj_uri, rel, size in files if files is not None else list_files(uri):
-        get_file(obj_uri, os.path.join(dest, rel))
+    for (obj_uri, _, size), path in zip(files, paths):
+        get_file(obj_uri, path)
         total += size
     return total
 

@@ -156,12 +156,11 @@ def get(ep: Endpoint, uri: str, local: str) -> int:
             storage.get_file(uri, dest)
         print(f"{uri} -> {dest}")
         return 0
-    top = os.path.abspath(local)
-    for _, rel, _ in files:  # a key such as `a/../../x` must not write outside LOCAL
-        if not os.path.abspath(os.path.join(top, rel)).startswith(top + os.sep):
-            raise ConfigError("S3_URI", f"{uri}: the key {rel!r} would be written outside {local}; not downloaded")
     with _s3_errors("S3_URI", uri):
-        total = storage.download_tree(uri, local, files)
+        try:  # a key such as `a/../../x` must not write outside LOCAL (storage.inside)
+            total = storage.download_tree(uri, local, files)
+        except storage.UnsafeKey as e:
+            raise ConfigError("S3_URI", f"{uri}: {e}") from None
     print(f"{len(files)} objects ({human_size(total)}) -> {local}")
     return 0
 

@@ -254,7 +254,8 @@ def _ended_silently(doc: dict) -> None:
     if trans and "EndTime" not in trans[-1]:
         trans[-1]["EndTime"] = max(t, trans[-1]["StartTime"], key=datetime.fromisoformat)
         t = trans[-1]["EndTime"]
-    reason = "the job's supervisor process ended unexpectedly; see logs/supervisor.log"
+    reason = ("the job's supervisor process ended unexpectedly (was it killed?); each host's driver stops its "
+              "ranks when that happens; see logs/supervisor.log")
     trans.append({"Status": "Failed", "StartTime": t, "EndTime": t, "StatusMessage": reason})
     doc["HostPhases"] = {h: settle(p, t) for h, p in doc.get("HostPhases", {}).items()}
     doc.update(TrainingJobStatus="Failed", SecondaryStatus="Failed", FailureReason=reason, TrainingEndTime=t)

@@ -20,6 +20,8 @@ import time
 from datetime import datetime, timezone
 from typing import BinaryIO
 
+from trainyard.job.logstamp import stamp, stamped
+
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) (.*)$", re.DOTALL)
 # how long a follower holds back fresh lines so that a line another file gets a moment later, with an
 # earlier time, is still printed before them (the pump writes within milliseconds of the read)
@@ -28,15 +30,6 @@ FOLLOW_HOLD_S = 0.5
 MAX_LINE = 1 << 16
 
 
-def stamp(t: float | None = None) -> str:
-    """`2026-11-24T08:01:02.123Z` for epoch seconds `t` (now by default)."""
-    t = time.time() if t is None else t
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(t * 1000) % 1000:03d}Z"
-
-
-def stamped(text: str, t: float | None = None) -> str:
-    """One line (no newline) with its stamp."""
-    return f"{stamp(t)} {text}"
 
 
 def parse(line: str) -> tuple[float | None, str]:

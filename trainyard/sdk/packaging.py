@@ -1,7 +1,9 @@
 """Code packaging: `sourcedir.tar.gz`, honouring ignore rules, content-addressed.
 
 The archive is byte-for-byte reproducible (sorted entries, zero times and owners), so its SHA-256 names
-it: the same code gets the same key and is not uploaded twice.
+it (`job/codearchive.py`): the same code gets the same key and is not uploaded twice, and an archive already
+under that key is reused only when its bytes hash to the name (anyone who can write to the bucket could have
+replaced it); the driver checks it again before it extracts it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import pathspec
 
-from trainyard.job import storage
+from trainyard.job import codearchive, storage
 from trainyard.job.uris import join
 from trainyard.sdk.live import Transfer, size_text
 
@@ -38,8 +40,8 @@ class Package:
 
     @property
     def key(self) -> str:
-        """Content-addressed name: `trainyard-code/<sha256 prefix>/sourcedir.tar.gz`."""
-        return f"trainyard-code/{self.sha256[:24]}/sourcedir.tar.gz"
+        """Content-addressed name: `trainyard-code/<sha256>/sourcedir.tar.gz`."""
+        return codearchive.key(self.sha256)
 
 
 def _spec_for(directory: str) -> pathspec.PathSpec | None:
@@ -132,8 +134,11 @@ def upload(pkg: Package, code_location: str, s3=None) -> str:
     uri = join(code_location, pkg.key)
     what = f"code: {len(pkg.files)} file(s), {size_text(len(pkg.data))} packaged"
     if storage.exists(uri, s3=s3):
-        print(f"[trainyard] {what}; {uri} has the same content already, not uploaded", file=sys.stderr)
-        return uri
+        if codearchive.matches(storage.get_bytes(uri, s3=s3), uri):
+            print(f"[trainyard] {what}; {uri} has the same content already, not uploaded", file=sys.stderr)
+            return uri
+        print(f"[trainyard] {uri} does not hold the code its name says (it was replaced after it was uploaded): "
+              "uploading it again; check who can write to that bucket", file=sys.stderr)
     with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
         tmp.write(pkg.data)
         tmp.flush()

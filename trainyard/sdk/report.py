@@ -26,7 +26,7 @@ from trainyard.container.phases import FIRST_STEP
 from trainyard.job import catalog, storage
 from trainyard.sdk.cli_output import human_duration, human_size, local_time
 from trainyard.sdk.joblog import parse
-from trainyard.sdk.store import LOCAL_CREDENTIALS, ensure_store
+from trainyard.sdk.store import ensure_store
 
 INSTALL_HINT = "pip install 'trainyard[report]'"
 PLOT_HEIGHT = 220  # pixels per subplot row: the page is one readable column of plots
@@ -419,10 +419,7 @@ def _store_client(spec):
     endpoint = ensure_store()
     if not endpoint.embedded:
         return None
-    import boto3  # lazily: the SDK's import path stays free of boto3
-
-    return boto3.client("s3", endpoint_url=endpoint.url, region_name="us-east-1",
-                        **{k.lower(): v for k, v in LOCAL_CREDENTIALS.items()})
+    return endpoint.client()
 
 
 def _summary(steps: list[dict]) -> str:

@@ -1,8 +1,9 @@
 """Where `s3://` goes for local jobs: a configured endpoint, or the embedded store.
 
 With `AWS_ENDPOINT_URL` set, that endpoint is used as it is. Otherwise `ensure_store()` finds or starts
-the machine's one embedded store (`store_server.py`): a moto S3 server on 127.0.0.1 that outlives any
-single `fit()` and keeps its objects under `$TRAINYARD_HOME/store` (default `~/.trainyard/store`).
+this user's embedded store (`store_server.py`): a moto S3 server on 127.0.0.1 that outlives any single
+`fit()`, keeps its objects under `$TRAINYARD_HOME/store` (default `~/.trainyard/store`, the owner's alone) and
+answers only requests signed with the owner's key (`store_auth.py`).
 """
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+from trainyard.sdk.store_auth import credentials, private_folder
 from trainyard.sdk.store_server import DEFAULT_BUCKET, HEALTH_PATH
 
 START_TIMEOUT_S = 60.0  # first start imports moto and reloads persisted objects
 # The store exits after this long without a request; running local jobs ping it (see supervisor.py).
 IDLE_TIMEOUT_S = float(os.environ.get("TRAINYARD_STORE_IDLE_S", "3600"))
-# Credentials for the embedded store only: moto accepts any, and these never reach real AWS.
-LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "trainyard-local", "AWS_SECRET_ACCESS_KEY": "trainyard-local"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +32,21 @@ class Endpoint:
     """True when it is Trainyard's own store (the only one where buckets are created: by a write to one,
     and by `fit()` for those its job writes to)."""
 
+    def client(self):
+        """A boto3 S3 client on this endpoint, signing with the embedded store's key (boto3's defaults for an
+        endpoint that is not the embedded store)."""
+        import boto3  # lazily: the SDK's import path stays free of boto3
+
+        env = self.env()
+        keys = {"aws_access_key_id": env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+                "region_name": env["AWS_DEFAULT_REGION"]} if self.embedded else {}
+        return boto3.client("s3", endpoint_url=self.url, **keys)
+
     def env(self) -> dict[str, str]:
         """Variables that point boto3 and s3fs in a job's processes at this endpoint."""
         if not self.embedded:
             return {}
-        return {"AWS_ENDPOINT_URL": self.url, "AWS_DEFAULT_REGION": "us-east-1", **LOCAL_CREDENTIALS}
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_DEFAULT_REGION": "us-east-1", **credentials(store_root()).env()}
 
 
 def trainyard_home() -> str:
@@ -70,11 +80,11 @@ def ensure_store() -> Endpoint:
     if configured:
         return Endpoint(configured, embedded=False)
     root = store_root()
-    os.makedirs(root, exist_ok=True)
+    private_folder(root)
     url = _running_url(root)
     if url:
         return Endpoint(url, embedded=True)
-    with open(os.path.join(root, "lock"), "w") as lock:
+    with open(os.open(os.path.join(root, "lock"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time; the others find its server
         url = _running_url(root)
         if url is None:
@@ -88,7 +98,7 @@ def _start(root: str) -> str:
     except FileNotFoundError:
         pass
     log_path = os.path.join(root, "server.log")
-    with open(log_path, "ab") as log:
+    with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainyard.sdk.store_server", "--root", root, "--idle-timeout", str(IDLE_TIMEOUT_S)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,

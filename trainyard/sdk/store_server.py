@@ -12,21 +12,29 @@ moto keeps objects in memory; this wrapper makes it behave like a store:
   a DELETE) of a missing bucket is answered as S3 answers it (NoSuchBucket) and creates nothing, so a
   check that reads never leaves a bucket behind (the SDK creates the buckets a job writes to, after
   `fit()`'s checks: sdk/local.py);
-- `GET /_trainyard/health` answers with the server's pid and root;
+- `GET /_trainyard/health` answers with the server's pid (the one request that needs no key);
+- every other request must be signed with the owner's key (`store_auth.py`): any other is answered 403, as
+  S3 answers it; moto's management API (`/moto-api/`, whose reset wipes the store) is not served, and no
+  response carries CORS headers (a web page in a browser cannot use the store);
+- the store folder is the owner's alone: the server runs with umask 077 (objects and indexes 0600, folders
+  0700) and tightens what an older version left readable;
 - it exits after `--idle-timeout` seconds without a request (jobs ping it while they run).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import signal
 import sys
 import threading
 import time
+from xml.sax.saxutils import escape
 
 from trainyard.job.jsonio import write_json
+from trainyard.sdk.store_auth import Credentials, Refused, credentials, private_folder, verify
 
 DEFAULT_BUCKET = "trainyard-default"
 HEALTH_PATH = "/_trainyard/health"
@@ -135,17 +143,34 @@ class DiskMirror:
                 os.remove(f"{self.root}/objects/{name}")
 
 
+def _error(start_response, status: str, code: str, message: str):
+    """An S3-style XML error response."""
+    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{escape(message)}</Message>'
+            "</Error>").encode()
+    start_response(status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _no_cors(start_response):
+    """start_response without moto's CORS headers (it echoes any Origin)."""
+    def respond(status, headers, exc_info=None):
+        return start_response(status, [(k, v) for k, v in headers if not k.lower().startswith("access-control-")],
+                              exc_info)
+    return respond
+
+
 class StoreApp:
-    """WSGI middleware around moto: health, bucket creation on an object's first write, write-through
-    persistence."""
+    """WSGI middleware around moto: health, the owner's key on every request, bucket creation on an object's
+    first write, write-through persistence."""
 
     MUTATING = ("PUT", "POST", "DELETE")
     WRITES_OBJECT = ("PUT", "POST")  # with a key: PutObject, CopyObject, multipart uploads
 
-    def __init__(self, app, mirror: DiskMirror, root: str):
+    def __init__(self, app, mirror: DiskMirror, root: str, creds: Credentials):
         self.app = app
         self.mirror = mirror
         self.root = root
+        self.creds = creds
         self.last_request = time.monotonic()
 
     def __call__(self, environ, start_response):
@@ -153,9 +178,24 @@ class StoreApp:
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
         if path == HEALTH_PATH:
-            body = json.dumps({"pid": os.getpid(), "root": self.root}).encode()
+            body = json.dumps({"pid": os.getpid()}).encode()
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
+        if path.startswith("/moto-api"):
+            return _error(start_response, "404 Not Found", "NotFound", "moto's management API is not served here")
+        if method == "OPTIONS":
+            return _error(start_response, "403 Forbidden", "AccessDenied", "no cross-origin requests")
+        from werkzeug.wsgi import get_input_stream
+
+        payload = get_input_stream(environ).read()
+        try:
+            verify(environ, payload, self.creds)
+        except Refused as e:
+            return _error(start_response, "403 Forbidden", e.code, str(e))
+        environ["wsgi.input"] = io.BytesIO(payload)
+        environ["CONTENT_LENGTH"] = str(len(payload))
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
+        start_response = _no_cors(start_response)
         bucket, _, key = path.lstrip("/").partition("/")
         if bucket and key and method in self.WRITES_OBJECT:
             be = _backend()
@@ -180,6 +220,18 @@ class StoreApp:
         return body
 
 
+def _tighten(root: str) -> None:
+    """Folders 0700 and files 0600 under `root` (a store an older version wrote with 0755/0644)."""
+    private_folder(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o700)
+        for f in filenames:
+            full = os.path.join(dirpath, f)
+            if not os.path.islink(full):
+                os.chmod(full, 0o600)
+
+
 def serve(root: str, idle_timeout: float, port: int = 0) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
@@ -188,13 +240,15 @@ def serve(root: str, idle_timeout: float, port: int = 0) -> None:
         def log_request(self, *args, **kwargs):  # one line per request would flood the log
             pass
 
-    os.makedirs(root, exist_ok=True)
+    os.umask(0o077)  # everything the store writes is its owner's alone
+    _tighten(root)
+    creds = credentials(root)
     mirror = DiskMirror(root)
     count = mirror.load()
     if DEFAULT_BUCKET not in _backend().buckets:
         _backend().create_bucket(DEFAULT_BUCKET, REGION)
         mirror.sync(DEFAULT_BUCKET)
-    app = StoreApp(DomainDispatcherApplication(create_backend_app), mirror, root)
+    app = StoreApp(DomainDispatcherApplication(create_backend_app), mirror, root, creds)
     server = make_server("127.0.0.1", port, app, threaded=True, request_handler=QuietHandler)
     url = f"http://127.0.0.1:{server.server_port}"
     info = {"pid": os.getpid(), "url": url, "port": server.server_port, "started": time.time()}

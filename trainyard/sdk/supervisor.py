@@ -5,7 +5,8 @@
 Started detached by `LocalBackend.launch`, so a job outlives the `fit()` that started it (`wait=False`,
 `Estimator.attach`). It is a child subreaper: workers that torchrun starts in their own sessions, and any
 process they leave behind, end up as its descendants, and every one of them is killed when the job ends
-(success, failure, `stop()`, `max_run`). No orphan survives.
+(success, failure, `stop()`, `max_run`). No orphan survives, also when this process itself is killed: every
+driver holds its lifeline (container/lifeline.py) and kills its ranks the moment this process is gone.
 
 It writes the job's status document (`jobstate.Status`): the secondary status transitions (Starting, written
 by `launch()`; PreparingTrainingStack, Downloading and Training as it gets there; Uploading when the first
@@ -28,6 +29,7 @@ from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import ECHO_SETTLE_S, FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
 from trainyard.container.hang import HangWatch, respond
+from trainyard.container.lifeline import HOST_LOG_ENV, Lifeline, descendants, signal_all
 from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
@@ -56,34 +58,6 @@ def _log(msg: str) -> None:
 def set_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid`, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def signal_all(pids, sig: int) -> None:
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
 
 
 def private_opt_ml_works(probe_dir: str) -> bool:
@@ -123,6 +97,7 @@ class Supervisor:
         self.next_hang_check = 0.0
         self.hang_reason = ""
         self.phase_files: dict[str, tuple] = {}  # host -> (its driver's phases file's stamp, its entries)
+        self.lifeline = Lifeline()  # the drivers stop their ranks when this process ends (container/lifeline.py)
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_reason = self.stop_reason or "Stopped"
@@ -215,8 +190,9 @@ class Supervisor:
             if self.plan is not None:
                 cmd = in_host(self.plan, i, cmd)
             # the host is asked for now: its driver ends `capacity` when it runs (container/phases.py)
-            p = subprocess.Popen(cmd, env={**env, REQUESTED_ENV: now_iso()}, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=hostdir)
+            host_env = {**env, REQUESTED_ENV: now_iso(), HOST_LOG_ENV: f"{self.jobdir}/logs/{host}.log"}
+            p = subprocess.Popen(cmd, env=host_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, cwd=hostdir, pass_fds=self.lifeline.hand_over(host_env))
             self.pumps.append(LinePump(p.stdout, f"{self.jobdir}/logs/{host}.log"))
             self.drivers[p.pid] = p
 

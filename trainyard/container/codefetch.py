@@ -1,0 +1,49 @@
+"""The job's code on a host: `sourcedir.tar.gz` fetched, checked against the SHA-256 its name carries
+(`job/codearchive.py`), and extracted into the code folder with nothing but regular files and folders.
+
+Python's own `data` filter is applied too, but not relied on: in Python 3.11.7 it can be bypassed with
+crafted symbolic and hard links (CVE-2025-4517), and the SDK's archives hold only regular files. So a member
+that is a link, a device or a FIFO, an absolute name, a `..` part, or a name longer than the file system
+takes is refused before anything is written, naming the member.
+"""
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+from trainyard.job import codearchive, storage
+
+MAX_NAME = 1024  # bytes of a member's path: the SDK's archives hold repository paths, far below PATH_MAX
+
+
+class UnsafeArchive(Exception):
+    """A code archive with a member the driver does not extract."""
+
+
+def fetch_code(code_uri: str, code_dir: str) -> None:
+    """Download, verify and extract the code archive (TamperedCode / UnsafeArchive before anything is written)."""
+    data = storage.get_bytes(code_uri)
+    codearchive.check(data, code_uri)
+    extract(data, code_dir)
+
+
+def _check_member(m: tarfile.TarInfo) -> None:
+    name = m.name
+    parts = name.split("/")
+    if not (m.isreg() or m.isdir()):
+        raise UnsafeArchive(f"the code archive's member {name!r} is not a regular file or folder (a link, device or "
+                            "FIFO); not extracted")
+    if name.startswith("/") or ".." in parts or "\x00" in name or len(name.encode()) > MAX_NAME or \
+            any(len(p.encode()) > 255 for p in parts):
+        raise UnsafeArchive(f"the code archive's member {name[:200]!r} has an absolute, '..' or over-long path; "
+                            "not extracted")
+
+
+def extract(data: bytes, code_dir: str) -> None:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+        for m in members:
+            _check_member(m)
+        os.makedirs(code_dir, exist_ok=True)
+        tar.extractall(code_dir, members=members, filter="data")
