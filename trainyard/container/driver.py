@@ -44,7 +44,7 @@ import time
 
 from trainyard.container import efa, lifeline, requirements
 from trainyard.container.hostnames import RESOLVES_ENV
-from trainyard.job import storage
+from trainyard.job import lease, space, storage
 from trainyard.job.jsonio import write_json
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.container.ckpt_sync import CheckpointSync
@@ -271,12 +271,45 @@ def upload_artifacts(spec, root: str) -> list[str]:
 
 
 def write_failure(root: str, reason: str) -> None:
-    """`<root>/output/failure`, unless the user's script already wrote one."""
+    """`<root>/output/failure`, unless the user's script already wrote one; written on a full disk too (the
+    reserve, job/space.py)."""
     path = f"{root}/output/failure"
     if os.path.exists(path) and os.path.getsize(path) > 0:
         return
-    with open(path, "w") as fh:
-        fh.write(reason)
+
+    def write() -> None:
+        with open(path, "w") as fh:
+            fh.write(reason)
+
+    space.write_anyway(root, write)
+
+
+FULL_BYTES = 2 << 20  # less free space than this when a job fails (beside our 1 MiB reserve): the disk filled
+
+
+def full_disk(root: str, reason: str) -> str:
+    """When the job failed because the disk filled (its error says so, or the disk is full now: the rank's own
+    error may not have reached a log on that disk): the reason, with the file system named, after the files of
+    the model folder are removed (written on a full disk, they may be partial; and they hold the space)."""
+    free = space.free_bytes(root)
+    said = "No space left on device" in reason or "Errno 28" in reason
+    if not said and (free is None or free >= FULL_BYTES):
+        return reason
+    removed = []
+    for dirpath, _, names in os.walk(f"{root}/model"):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            try:
+                os.remove(path)
+                removed.append(os.path.relpath(path, f"{root}/model"))
+            except OSError:
+                pass
+    note = f"no space left on device on the file system of {root} ({space.free_bytes(root)} bytes free now)"
+    if not said:
+        note += " (the rank's own error may be lost: its log is on that disk)"
+    if removed:
+        note += f"; removed the model folder's files, which may be partial: {', '.join(removed[:5])}"
+    return f"{reason}\n{note}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,11 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{host}/${{rank}}] "
 
     status: dict = {"host": host, "started": time.time()}
+    space.reserve(root)  # room for the failure report and the status on a full disk (job/space.py)
     lifeline.watch(lambda: _supervisor_lost(host, root, status_file, status))
     failure: RankFailure | None = None
     reason = ""
     code_dir = f"{root}/code"
     syncs: list[FolderSync] = []
+    # the first host keeps the job's checkpoint locations leased while it runs (job/lease.py)
+    leases = lease.Heartbeat(lease.locations(spec) if index == 0 else [], spec.job_name,
+                             say=lambda m: _say(host, m)).start()
     try:
         with phases.timed("code", enabled=bool(spec.code_uri)):
             if spec.code_uri:
@@ -371,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the driver itself failed: the job fails with that reason
         code, reason = 1, f"{host} driver: {type(e).__name__}: {e}"
     lost = stop_syncs(syncs, status)  # the last sync runs whatever the outcome
+    leases.stop()
     if lost:
         message = f"{host} driver: {lost}"
         _say(host, message)
@@ -378,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             code, reason = 1, message
     status.update(exit_code=code, finished=time.time())
     if code == 1:
+        reason = full_disk(root, reason)
         write_failure(root, reason)
         with open(f"{root}/output/failure") as fh:
             reason = fh.read(1024)
@@ -395,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_failure(root, reason)
             _say(host, f"uploading artifacts failed: {e}")
     status.update(exit_code=code, reason=reason, failure=failure.to_dict() if failure else None)
-    write_json(status_file, status)
+    space.write_anyway(root, lambda: write_json(status_file, status))
     _say(host, {0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
     return code
 

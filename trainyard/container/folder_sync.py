@@ -12,7 +12,7 @@ the job's outcome, and returns what could not be uploaded. Two kinds of files:
   last whole record), and the last sync uploads the whole file.
 
 A file named `*.partial` is one being written beside its final name (the engine's traces, storage.put_bytes): never
-uploaded. A failed upload is reported on the log once per error and retried at the next scan, never dropped silently. Uploads
+uploaded; nor is a checkpoint location's lease (`job/lease.py`) restored or uploaded. A failed upload is reported on the log once per error and retried at the next scan, never dropped silently. Uploads
 go through boto3's managed transfer (multipart above its threshold, retries with backoff). Files deleted locally
 are kept in the store: nothing the job wrote is lost.
 """
@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from trainyard.job import storage
+from trainyard.job import lease, storage
 from trainyard.job.uris import join
 
 # Seconds between scans of the local folder (SageMaker syncs continuously; a few seconds is enough for
@@ -51,7 +51,7 @@ class FolderSync:
     def restore(self) -> int:
         """Copy the objects under the URI into the local folder (they count as uploaded); returns the
         number of files."""
-        files = storage.list_files(self.uri)
+        files = [f for f in storage.list_files(self.uri) if f[1] != lease.NAME]  # the lease is not a checkpoint
         storage.download_tree(self.uri, self.local_dir, files)
         self.uploaded = self._scan()
         self._seen = dict(self.uploaded)
@@ -70,7 +70,7 @@ class FolderSync:
         found = {}
         for dirpath, _, names in os.walk(self.local_dir):
             for name in names:
-                if name.endswith(PARTIAL):
+                if name.endswith(PARTIAL) or (name == lease.NAME and dirpath == self.local_dir):
                     continue
                 full = os.path.join(dirpath, name)
                 try:

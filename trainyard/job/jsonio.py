@@ -13,9 +13,16 @@ def now_iso() -> str:
 def write_json(path: str, data: dict) -> None:
     """Write `data` to `path` so that a reader sees the old document or the new one, never a part."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # a full disk, or an interrupt: no half-written temporary left behind
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def read_json(path: str) -> dict:

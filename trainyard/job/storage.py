@@ -88,6 +88,18 @@ def get_bytes(uri: str, s3=None) -> bytes:
         return fh.read()
 
 
+def delete(uri: str, s3=None) -> None:
+    """Remove one object (`s3://`) or file (`file://`); a missing one is not an error."""
+    if uri.startswith("s3://"):
+        bucket, key = split_s3(uri)
+        (s3 or s3_client()).delete_object(Bucket=bucket, Key=key)
+    else:
+        try:
+            os.remove(_local(uri))
+        except FileNotFoundError:
+            pass
+
+
 def exists(uri: str, s3=None) -> bool:
     if uri.startswith("s3://"):
         from botocore.exceptions import ClientError

@@ -27,7 +27,7 @@ from typing import Any
 
 from trainyard.container.contract import user_args
 from trainyard.engine.distributed.parallelism import Parallelism
-from trainyard.job import catalog
+from trainyard.job import catalog, lease
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
@@ -40,6 +40,7 @@ from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.debugger import profiler_request, tensorboard_output
 from trainyard.sdk.inputs import TrainingInput, to_channels
 from trainyard.sdk.job import LOG_MODES
+from trainyard.sdk.jobstate import TERMINAL, job_dir
 from trainyard.sdk.k8s import check as k8s_check, manifests as k8s_manifests
 from trainyard.sdk.netem import unavailable_reason
 from trainyard.sdk.session import Session, default_output_path
@@ -413,7 +414,17 @@ class Estimator:
         return packaging.package(self.source_dir, self._entry_file, dependencies=self.dependencies)
 
     def _upload_code(self, spec: JobSpec, s3=None) -> str | None:
-        """Package and upload the code; `s3`: the backend's client (EC2: the user's session's)."""
+        """The job's first writes, in every backend's launch: the lease on each checkpoint location (job/lease.py:
+        another live job there refuses this one, before anything is uploaded), then the code, packaged and
+        uploaded. `s3`: the backend's client (EC2: the user's session's). Returns the code's URI."""
+        for location in lease.locations(spec):
+            try:
+                lease.take(location, spec.job_name, alive=_local_job_alive, s3=s3,
+                           say=lambda m: print(f"[trainyard] {m}", file=sys.stderr))
+            except lease.LeaseHeld as e:
+                field = "checkpoint_s3_uri" if location == (spec.checkpoint_s3_uri or "").rstrip("/") else \
+                    "hyperparameters.checkpoint_uri"
+                raise ConfigError(field, str(e)) from None
         if spec.entry_kind == "module" and self.source_dir is None and not self.dependencies:
             return None  # an installed module: nothing to ship
         return packaging.upload(self._package(), self.code_location or spec.output_path, s3=s3)
@@ -651,3 +662,13 @@ def _check_job_name(field: str, name: object, max_len: int = 63) -> None:
     if not isinstance(name, str) or not JOB_NAME.match(name) or len(name) > max_len:
         raise ConfigError(field, f"{name!r} is not a valid name: up to {max_len} letters, digits and hyphens, "
                                  "starting and ending with a letter or digit")
+
+
+def _local_job_alive(name: str) -> bool | None:
+    """Whether the job `name` of this machine still runs (None: no such job here, its lease's age decides)."""
+    if not os.path.isdir(job_dir(name)):
+        return None
+    try:
+        return open_job(name).status() not in TERMINAL
+    except Exception:  # noqa: BLE001 - a folder that cannot be read: let the heartbeat decide
+        return None

@@ -55,14 +55,22 @@ class LinePump:
         self.thread.start()
 
     def _run(self) -> None:
-        with self.source, open(self.path, "ab") as out:
+        lost = 0  # lines that could not be written (a full disk): the pipe is drained all the same, or the
+        # process writing into it would block
+        with self.source, open(self.path, "ab", buffering=0) as out:
             while True:
                 line = self.source.readline(MAX_LINE)
                 if not line:
                     return
                 text = line.rstrip(b"\r\n").decode(errors="replace")
-                out.write(stamped(text).encode() + b"\n")
-                out.flush()
+                try:
+                    if lost:
+                        out.write(stamped(f"[trainyard] {lost} line(s) of this log were lost: no space left on "
+                                          f"device for {self.path}").encode() + b"\n")
+                        lost = 0
+                    out.write(stamped(text).encode() + b"\n")
+                except OSError:
+                    lost += 1
 
     def join(self, timeout: float) -> bool:
         """Wait until the pipe's writers are gone and every line is in the file. True if so."""

@@ -35,6 +35,7 @@ from trainyard.container.staging import list_channel, stage_channel
 from trainyard.sdk.joblog import LinePump, stamped
 from trainyard.sdk.local import free_port
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
+from trainyard.job import space
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
@@ -412,6 +413,7 @@ class Supervisor:
 
     def run(self) -> int:
         set_subreaper()
+        space.reserve(self.jobdir)  # room for the final status, whatever fills the disk (job/space.py)
         write_json(f"{self.jobdir}/supervisor.json", {"pid": os.getpid(), "started": now_iso()})
         spec, st = self.spec, self.status
         outcome, reason = "Failed", ""

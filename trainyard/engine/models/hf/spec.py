@@ -25,6 +25,7 @@ import sys
 import torch
 from torch import nn
 
+from trainyard.engine.distributed.pipeline import cut_stage
 from trainyard.engine.models.generic import blocks_by_class
 from trainyard.engine.models.hf.families import unverified_note
 from trainyard.engine.models.spec import ModelSpec, StageSplit
@@ -154,8 +155,6 @@ def small_config(config, layers: int = 4):
 def _stage_difference(model: nn.Module) -> str | None:
     """Why the stages of `model`'s class are not exact, from a small model of the class on this process; None
     when a 3-stage split run of it equals its own forward."""
-    from trainyard.engine.distributed.pipeline import cut_stage  # the pipeline imports models.spec, not hf
-
     try:
         with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             torch.manual_seed(0)
