@@ -9,6 +9,7 @@ argv[1] is a JSON list of cases, argv[2] the output JSON. Kinds of case:
   saving at `save_at`; returns the loss of every step it ran.
 - "evaluate": te.evaluate and te.predict of an untrained model on `distribution` against the unsharded model:
   {"loss_err", "predict_err" (worst logit difference on the ranks that hold the output), "ranks_with_output"}.
+- "refused": one step of `model` with SHARED_TP_PLAN on `distribution`: {"refused": the ValueError's text or ""}.
 - "export": train 1 step on `distribution`, save_model to `dir`; rank 0 also writes the logits of the trained
   model on a probe batch to `dir/probe.pt`. "reload": load_pretrained `dir` into a fresh model on
   `distribution` and return the worst difference of its logits from `dir/probe.pt`.
@@ -54,6 +55,15 @@ class SharedMLP(ResidualMLP):
 SHARED_TP_PLAN = {"stack.*.1": "colwise", "stack.*.3": "rowwise"}
 
 
+class PReLUMLP(ResidualMLP):
+    """A learnable activation between the column- and the row-parallel Linear of SHARED_TP_PLAN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for block in self.stack:
+            block[2] = nn.PReLU()
+
+
 def build(kind: str) -> nn.Module:
     if kind == "hf":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -65,6 +75,8 @@ def build(kind: str) -> nn.Module:
         return ResidualMLP()
     if kind == "shared":
         return SharedMLP()
+    if kind == "prelu":
+        return PReLUMLP()
     from trainyard.engine.models.llama.model import ModelConfig, build_model
 
     return build_model(ModelConfig(vocab_size=VOCAB, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=128,
@@ -179,6 +191,19 @@ def run_evaluate(case: dict, ctx) -> dict:
             "ranks_with_output": sum(has for _, has in errs)}
 
 
+def run_refused(case: dict, ctx) -> dict:
+    """One training step of `model` on `distribution`; the refusal's message (ValueError), or "" if none."""
+    model = te.transform(fresh(case["model"]), distribution=case["distribution"], seed=SEED, tp_plan=SHARED_TP_PLAN)
+    data = te.rows(model, batch(1, 4))
+    try:
+        with te.accumulate(model, 0, 1):
+            loss_fn(model(data[:, :-1]), data[:, 1:]).backward()
+        te.clip_grad_norm_(model, CLIP)
+    except ValueError as e:
+        return {"refused": str(e)}
+    return {"refused": ""}
+
+
 def run_curve(case: dict, ctx) -> dict:
     model = te.transform(fresh(case["model"]), seed=SEED)
     opt = optimizer(model.parameters())
@@ -211,10 +236,13 @@ def run_export(case: dict, ctx) -> dict:
 def run_reload(case: dict, ctx) -> dict:
     torch.manual_seed(SEED + 1)  # other initial weights: only the files can make the logits right
     model = te.transform(build("hf"), distribution=case["distribution"])
-    te.load_pretrained(model, case["dir"])
-    logits = model(probe()).logits.detach()
+    te.load_pretrained(model, case["dir"])  # strict: under a pipeline the other stages' names are expected
+    out = te.predict(model, probe())  # the last stage's logits under a pipeline, None on the other ranks
     want = torch.load(f"{case['dir']}/probe.pt")
-    return {"worst_abs_diff": (logits - want).abs().max().item()}
+    diff = 0.0 if out is None else (getattr(out, "logits", out) - want).abs().max().item()
+    diffs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(diffs, (diff, out is not None))
+    return {"worst_abs_diff": max(d for d, _ in diffs), "ranks_with_output": sum(o for _, o in diffs)}
 
 
 def main() -> None:
@@ -223,7 +251,7 @@ def main() -> None:
     results = {}
     for case in cases:
         fn = {"oracle": run_oracle, "curve": run_curve, "export": run_export, "reload": run_reload,
-              "evaluate": run_evaluate}[case["kind"]]
+              "evaluate": run_evaluate, "refused": run_refused}[case["kind"]]
         results[case["name"]] = fn(case, ctx)
     if ctx.rank == 0:
         with open(out, "w") as fh:

@@ -27,7 +27,7 @@ def run_on_two_hosts(worker: str, cases: list[dict], tmp_path, processes_per_hos
         for node in range(hosts)]
     try:
         for a in agents:
-            a.wait(timeout=500)
+            a.wait(timeout=int(os.environ.get("LAUNCH_TIMEOUT", 500)))
     finally:
         for a in agents:
             a.kill()

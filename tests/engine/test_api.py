@@ -137,6 +137,27 @@ def test_global_loss_and_evaluate_give_the_batch_mean(engine):
     assert torch.equal(te.predict(model, x[:, :-1]), model(x[:, :-1]).detach())
 
 
+def test_an_optimizer_built_after_an_evaluation_trains_every_parameter(engine):
+    """MiCS keeps the root gathered after a forward for its backward; without a backward (te.evaluate, or a
+    forward under no_grad) the units are sharded again, so model.parameters() gives the sharded parameters."""
+    torch.manual_seed(0)
+    model = te.transform(ResidualMLP(), mixed_precision="bf16")  # sharded on one process too
+    x = torch.randint(0, 128, (4, 9))
+    from torch.distributed.tensor import DTensor
+
+    te.evaluate(model, x[:, :-1], x[:, 1:], loss_fn)
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # the sharded ones, not gathered copies
+    with torch.no_grad():
+        model(x[:, :-1])
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    before = {k: v.clone() for k, v in te.full_state_dict(model).items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss_fn(model(x[:, :-1]), x[:, 1:]).backward()
+    opt.step()
+    after = te.full_state_dict(model)
+    assert [k for k in before if torch.equal(before[k], after[k])] == []
+
+
 def test_checkpoint_keeps_extra_values_and_loads_without_optimizer(engine, tmp_path):
     model = te.transform(ResidualMLP())
     opt = torch.optim.AdamW(model.parameters())
@@ -188,8 +209,12 @@ def test_layouts_match_a_single_process_oracle(tmp_path):
     ]
     evaluate = {"name": "hf pp2 evaluate", "kind": "evaluate", "model": "hf",
                 "distribution": {"pipeline_parallel_degree": 2}}
-    results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2} for c in cases] + [evaluate],
+    prelu = {"name": "prelu under tp", "kind": "refused", "model": "prelu", "distribution": {"tensor_parallel_degree": 2}}
+    results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2} for c in cases] + [evaluate, prelu],
                                tmp_path)
+    # a parameter between the column- and the row-parallel layer, outside the plan: refused after the first backward
+    assert "stack.0.2.weight, stack.1.2.weight, stack.2.2.weight, stack.3.2.weight got different gradients on the " \
+           "ranks of one tensor-parallel group" in results["prelu under tp"]["refused"], results["prelu under tp"]
     for case in cases:
         assert results[case["name"]]["worst_rel_err"] < 1e-5, (case["name"], results[case["name"]])
     # evaluation under a pipeline: the loss on every rank, the logits on the last stage's 2 ranks
@@ -228,12 +253,15 @@ def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_pat
     results = run_on_two_hosts(WORKER, [
         {"name": "export", "kind": "export", "distribution": {"tensor_parallel_degree": 2}, "dir": str(out)},
         {"name": "reload", "kind": "reload", "distribution": {"mics": {"partition_group_size": 2}},
-         "dir": str(out)}], tmp_path)
+         "dir": str(out)},
+        {"name": "reload pp2", "kind": "reload", "distribution": {"pipeline_parallel_degree": 2}, "dir": str(out)}],
+        tmp_path)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     loaded = AutoModelForCausalLM.from_pretrained(str(out))
     want = torch.load(out / "probe.pt")
     assert (loaded(probe()).logits - want).abs().max().item() < 1e-5
     assert results["reload"]["worst_abs_diff"] < 1e-5
+    assert results["reload pp2"]["worst_abs_diff"] < 1e-5 and results["reload pp2"]["ranks_with_output"] == 2
 
 
 def test_a_partial_init_is_refused_by_name(engine):

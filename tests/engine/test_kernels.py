@@ -115,13 +115,31 @@ def test_modules_whose_maths_differs_are_left_alone_and_named(engine, capsys):
         def forward(self, x):
             return self.down_proj(torch.relu(self.gate_proj(x)) * self.up_proj(x))
 
-    model = nn.Sequential(ScaledRMSNorm(8), ReluMLP(8), nn.LayerNorm(8, bias=False))
+    class FlagRMSNorm(nn.Module):  # one class, instances that differ: Gemma's form or Llama's, and their eps
+        def __init__(self, n, gemma, eps):
+            super().__init__()
+            self.weight, self.gemma, self.eps = nn.Parameter(torch.rand(n)), gemma, eps
+
+        def forward(self, x):
+            w = 1 + self.weight if self.gemma else self.weight
+            return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    class SwitchMLP(ReluMLP):  # SiLU in one instance, GELU in another
+        def __init__(self, n, act):
+            super().__init__(n)
+            self.act_fn = act
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    model = nn.Sequential(ScaledRMSNorm(8), ReluMLP(8), nn.LayerNorm(8, bias=False), FlagRMSNorm(8, False, 1e-6),
+                          FlagRMSNorm(8, True, 1.0), SwitchMLP(8, nn.SiLU()), SwitchMLP(8, nn.GELU()))
     x = torch.randn(2, 3, 8)
     want = model(x)
     model = te.transform(model, kernels="eager")
-    assert torch.equal(model(x), want)
-    assert "rms_norm 0, swiglu 0, rope 0, loss 0; left alone (their maths is not the ops'): ScaledRMSNorm, ReluMLP, " \
-           "LayerNorm" in capsys.readouterr().out
+    torch.testing.assert_close(model(x), want, rtol=1e-6, atol=1e-6)
+    assert "rms_norm 2, swiglu 1, rope 0, loss 0; left alone (their maths is not the ops'): ScaledRMSNorm, ReluMLP, " \
+           "LayerNorm, SwitchMLP" in capsys.readouterr().out
 
 
 def test_kernel_modes_are_checked():

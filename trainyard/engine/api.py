@@ -50,8 +50,8 @@ from trainyard.engine.components.data import rank_rows
 from trainyard.engine.distributed.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.engine.distributed.parallelism import Parallelism
-from trainyard.engine.distributed.parallelize import (Parallelized, clip_grad_norm, loss_value, parallelize, plain,
-                                                      sync_for)
+from trainyard.engine.distributed.parallelize import (Parallelized, check_tp_gradients, clip_grad_norm, loss_value,
+                                                      parallelize, plain, sync_for)
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
@@ -251,6 +251,8 @@ def accumulate(model: nn.Module, index: int, count: int):
     sync_for(par, index, count)
     with par.spec.loss_context(par.dims.tp):  # e.g. the built-in model's vocab-parallel cross-entropy
         yield
+    if index == count - 1:
+        check_tp_gradients(par)  # once, after the first step's backward
 
 
 def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
@@ -259,6 +261,7 @@ def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tens
     there is one), gradients reduced; returns the global-batch mean loss (a collective)."""
     par = _layout(model)
     total = _forward_backward(par, inputs, targets, microbatches, loss_fn)
+    check_tp_gradients(par)
     return loss_value(total, par.dims)
 
 
@@ -271,12 +274,20 @@ def global_loss(model: nn.Module, loss: torch.Tensor | float) -> float:
     return loss_value(plain(value).float().to(par.device), par.dims)
 
 
+def _eval_microbatches(par: Parallelized, microbatches: int | None) -> int:
+    """The micro-batches of a run without gradients: as given, else the pipeline's (at least its degree), else 1."""
+    if microbatches is not None:
+        return microbatches
+    return par.pipeline.microbatches if par.pipeline is not None else 1
+
+
 def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-             loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], *, microbatches: int = 1) -> float:
+             loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], *, microbatches: int | None = None) -> float:
     """The global-batch mean loss of this rank's rows without gradients (a collective), on every layout: through
-    the pipeline schedule's forward-only run under pipeline parallelism, else the model's forward. Call
-    `model.eval()` first for a model with dropout."""
+    the pipeline schedule's forward-only run under pipeline parallelism (`microbatches` default: the pipeline's),
+    else the model's forward (default: one). Call `model.eval()` first for a model with dropout."""
     par = _layout(model)
+    microbatches = _eval_microbatches(par, microbatches)
     total = torch.zeros((), device=inputs.device)
     with torch.no_grad(), par.spec.loss_context(par.dims.tp):
         if par.dims.pp > 1:
@@ -292,15 +303,16 @@ def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     return loss_value(total, par.dims)
 
 
-def predict(model: nn.Module, inputs: torch.Tensor, *, microbatches: int = 1):
+def predict(model: nn.Module, inputs: torch.Tensor, *, microbatches: int | None = None):
     """The model's output for this rank's `inputs`, without gradients (a collective under pipeline parallelism):
-    under pipeline parallelism the last stage's output on the ranks that hold it and None on the others
-    (through the schedule's forward-only run, in `microbatches` chunks); else `model(inputs)`."""
+    under pipeline parallelism the last stage's output (the logits of an HF model) on the ranks that hold it and
+    None on the others (through the schedule's forward-only run, in `microbatches` chunks: default the
+    pipeline's); else `model(inputs)`."""
     par = _layout(model)
     with torch.no_grad():
         if par.dims.pp == 1:
             return model(inputs)
-        out = par.schedule(microbatches, None).eval(*((inputs,) if par.holds_first else ()))
+        out = par.schedule(_eval_microbatches(par, microbatches), None).eval(*((inputs,) if par.holds_first else ()))
         return out if par.holds_last else None
 
 
@@ -308,6 +320,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
     """Clip the gradients of the whole model to `max_norm` (2-norm over every shard and stage); returns the
     norm before clipping."""
     par = _layout(model)
+    check_tp_gradients(par)
     heartbeat.set_phase("optimizer")
     return clip_grad_norm(model, par.dims, max_norm)
 
@@ -441,7 +454,13 @@ def load_pretrained(model: nn.Module, path_or_uri: str, *, strict: bool = True) 
     """Safetensors weights (one file, or shards with `model.safetensors.index.json`; a directory or `s3://`)
     into a transformed model, each rank reading only the byte ranges of its own shards (a collective on
     entry and exit). Returns what this rank read."""
-    _layout(model)
-    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict)
+    par = _layout(model)
+    elsewhere: frozenset[str] = frozenset()
+    if par.dims.pp > 1:  # the other stages' names are the model's too: not "unexpected" in the files
+        mine = set(hf_weights.model_tensors(model))
+        stages: list = [None] * par.dims.pp
+        dist.all_gather_object(stages, sorted(mine), group=par.dims.mesh.get_group("pp"))
+        elsewhere = frozenset(n for names in stages for n in names) - mine
+    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict, elsewhere=elsewhere)
     dist.barrier()
     return report

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from trainyard.engine.distributed.dims import ParallelDims
@@ -176,6 +176,7 @@ def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSCo
                     reshard_after_forward=config.reshard_after_forward)
     # The root (embedding, final norm, head) is used again at once by backward: keep it gathered.
     fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False)
+    model.register_forward_hook(_reshard_without_backward)
     if uses_hierarchy(dims, config):
         k, m = dims.shard_hosts, dims.shard_per_host
         intra, inter = dims.mesh.get_group("dp_shard_intra"), dims.mesh.get_group("dp_shard_inter")
@@ -189,6 +190,16 @@ def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSCo
             if i > 0:
                 block.set_modules_to_backward_prefetch([blocks[i - 1]])
     return model
+
+
+def _reshard_without_backward(model: nn.Module, args, output) -> None:
+    """After a forward without gradients (an evaluation), shard every unit again: what is kept gathered for a
+    backward (the root, ZeRO-2-like blocks) would otherwise stay gathered, and `model.parameters()` would then
+    give the gathered copies, which an optimizer built at that moment would update in vain."""
+    if not torch.is_grad_enabled():
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 def uses_native_sync(dims: ParallelDims, config: MiCSConfig) -> bool:

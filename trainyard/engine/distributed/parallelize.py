@@ -58,6 +58,9 @@ class Parallelized:
     """Per part, its bucketed cross-replica gradient sync (`ReplicaSync`) or None."""
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _schedules: dict = field(default_factory=dict)
+    tp_checked: bool = False
+    """Whether the first backward's gradients were checked across the tensor-parallel group
+    (`check_tp_gradients`)."""
 
     @property
     def holds_first(self) -> bool:
@@ -255,6 +258,59 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
             if sync is not None:
                 sync.finish()  # autograd's final callback has done it; a no-op then
     return total
+
+
+# Gradients of a parameter that tensor parallelism leaves whole agree across the group to rounding (the same
+# operations on the same values); one that sees a part of the activations is off by O(1).
+TP_GRAD_TOLERANCE = 1e-3
+
+
+def _sharded_over_tp(p: torch.Tensor) -> bool:
+    """A DTensor (parameter or gradient) split, or held as partial sums, along the mesh's "tp" dimension."""
+    if not isinstance(p, DTensor) or "tp" not in (p.device_mesh.mesh_dim_names or ()):
+        return False
+    return not p.placements[p.device_mesh.mesh_dim_names.index("tp")].is_replicate()
+
+
+def check_tp_gradients(par: Parallelized) -> None:
+    """Once per model, after its first backward under tensor parallelism: every parameter that is not sharded
+    over "tp" must have the same gradient on every rank of a tensor-parallel group. One that sits between a
+    column- and a row-parallel layer outside the plan (a learnable activation: PReLU, xIELU's alphas) sees only
+    its rank's part of the activations, gets a partial gradient, and would train apart on each rank: such a model
+    is refused here, naming the parameters, instead of training wrong (a collective over the tp group)."""
+    if par.dims.tp == 1 or par.tp_checked:
+        return
+    par.tp_checked = True
+    names, stats = [], []
+    for name, p in par.model.named_parameters():
+        g = p.grad
+        if _sharded_over_tp(p) or (g is not None and _sharded_over_tp(g)):
+            continue  # split over tp, or a partial sum DTensor reduces (replicated_with_grad_allreduce)
+        local = (g.to_local() if isinstance(g, DTensor) else g) if g is not None else None
+        names.append(name)
+        stats.append(torch.zeros(2) if local is None else
+                     torch.stack([local.detach().float().sum().cpu(), local.detach().float().norm().cpu()]))
+    if not stats:
+        return
+    mine = torch.stack(stats).to(par.device)
+    group = par.dims.mesh.get_group("tp")
+    everyone = [torch.empty_like(mine) for _ in range(group.size())]
+    dist.all_gather(everyone, mine, group=group)
+    spread = torch.stack([(e - everyone[0]).abs() for e in everyone]).amax(0)[:, 1]  # by the gradient norm
+    scale = everyone[0][:, 1].abs().clamp_min(1e-12)
+    mine_bad = [names[i] for i in torch.nonzero(spread / scale > TP_GRAD_TOLERANCE).flatten().tolist()]
+    # every rank decides the same: a rank may hold an empty shard of a small parameter (MiCS pads it)
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, mine_bad)
+    bad = [n for n in names if any(n in f for f in found)]
+    if bad:
+        raise ValueError(f"tensor_parallel_degree {par.dims.tp}: {', '.join(bad[:5])}"
+                         f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''} got different gradients on the "
+                         "ranks of one tensor-parallel group: the parameter is whole on every rank but sees only "
+                         "that rank's part of the activations (it sits between a column- and a row-parallel "
+                         f"layer, outside the plan {par.spec.tp_plan_source}), so it would train apart; this "
+                         "model is refused under tensor parallelism rather than trained wrong: use MiCS sharding "
+                         "(mics.partition_group_size), or a plan that shards that module too")
 
 
 def clip_grad_norm(model: nn.Module, dims: ParallelDims, max_norm: float) -> float:

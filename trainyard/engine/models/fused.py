@@ -17,8 +17,9 @@ What may be swapped (the built-in Llama, Hugging Face models of any family):
     the loss        the LM head and cross-entropy, with the model's final-logit       -> fused_linear_cross_entropy
                     soft-capping (Gemma 2/3) or scale (Cohere, Granite)
 
-A module qualifies by what it computes, not by its class name. Before anything is swapped, the module's own
-forward runs once in float32 on a small random input, on a stand-in with random weights (for an MLP, small
+A module qualifies by what it computes, not by its class name. Before anything is swapped, each module's own
+forward runs once in float32 on a small random input (every instance: two norms of one class may differ in eps
+or in a flag), on a stand-in with random weights (for an MLP, small
 random projections in place of its own: no copy of its weights), and its output is compared with the op's; a
 module whose maths differs (Gemma's GELU MLP, Cohere's interleaved rotary, a LayerNorm) is left alone and named
 once in transform's line. The rotary function is compared the same way before it is patched, and at each call
@@ -374,17 +375,12 @@ def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int 
     """Swap the model's modules for the ops where they compute the same (see the module docstring)."""
     gen = torch.Generator().manual_seed(seed)
     done = Swapped()
-    verdicts: dict = {}  # one probe per (class, shape): every layer of a model shares them
-
-    def verdict(key, probe):
-        if key not in verdicts:
-            verdicts[key] = probe()
-        return verdicts[key]
+    rotary: dict = {}  # family module -> whether its apply_rotary_pos_emb was patched (a function: probed once)
 
     for module in model.modules():
         cls = type(module)
-        if _looks_like_norm(module):
-            found = verdict((cls, tuple(module.weight.shape)), lambda: _norm_offset(module, gen))
+        if _looks_like_norm(module):  # every instance is probed: its eps, a per-instance flag, may differ
+            found = _norm_offset(module, gen)
             if found is None:
                 done.leave(module)
                 continue
@@ -395,8 +391,7 @@ def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int 
             done.counts["swiglu"] += 1
         elif all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
             forward = _hf_mlp_forward(backend)
-            if not verdict((cls, "mlp"), lambda: _mlp_matches(module, ("gate_proj", "up_proj", "down_proj"),
-                                                              _hf_mlp_forward("eager"), gen)):
+            if not _mlp_matches(module, ("gate_proj", "up_proj", "down_proj"), _hf_mlp_forward("eager"), gen):
                 done.leave(module)
                 continue
             module.forward = types.MethodType(forward, module)
@@ -405,7 +400,9 @@ def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int 
             _swap_builtin_rope(module, backend)
             done.counts["rope"] += 1
         elif cls.__name__.endswith("Attention") and hasattr(module, "q_proj"):
-            patched = verdict((cls.__module__, "rope"), lambda: _patch_hf_rope(module, backend, gen))
+            if cls.__module__ not in rotary:
+                rotary[cls.__module__] = _patch_hf_rope(module, backend, gen)
+            patched = rotary[cls.__module__]
             if patched is False:
                 done.leave(f"{cls.__name__}'s apply_rotary_pos_emb")
             elif patched:

@@ -253,7 +253,8 @@ class _Read:
         return sum(end - start for start, end in self.ranges)
 
 
-def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True) -> dict:
+def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
+                         elsewhere: frozenset[str] = frozenset()) -> dict:
     """Copy safetensors weights at `source` (a directory or `s3://` prefix holding model.safetensors or
     model.safetensors.index.json and its files, or one `.safetensors` file) into `model`'s parameters and
     persistent buffers, plain tensors or DTensors (FSDP2 / TP: Shard, _StridedShard, Replicate), in place.
@@ -261,14 +262,15 @@ def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True) 
     Every rank reads only the rows of dim 0 its local pieces hold. Names and shapes are checked before
     anything is copied: missing or unexpected names raise `WeightNamesError` (a KeyError) unless
     `strict=False` (then a warning; the names both have are loaded); a name the file lacks is fine when
-    the model ties it to one the file has. Returns {"tensors": copied, "bytes_read": bytes this rank
+    the model ties it to one the file has; a name in `elsewhere` (held by another pipeline stage) is not
+    unexpected. Returns {"tensors": copied, "bytes_read": bytes this rank
     fetched (headers included), "files": file names, "missing": [...], "unexpected": [...]}.
     """
     _check_uri(source)
     fs, root = _fs(source)
     files = _weight_files(fs, root, source)
     entries, bytes_read = _read_headers(fs, files)
-    plan, missing, unexpected = _match_names(_model_tensors(model), entries, source, strict)
+    plan, missing, unexpected = _match_names(model_tensors(model), entries, source, strict, elsewhere)
     _check_targets(plan, entries, source)
     with torch.no_grad():
         reads = [_plan_read(name, tensor, entries[name]) for name, tensor in plan]
@@ -329,7 +331,7 @@ def _read_header(fs, path: str) -> tuple[dict[str, _Entry], int]:
     return entries, 8 + length
 
 
-def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and persistent buffer by its state-dict name, shared ones under each name."""
     found: dict[str, torch.Tensor] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
@@ -343,8 +345,8 @@ def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
-def _match_names(targets: dict[str, torch.Tensor], entries: dict[str, _Entry], source: str,
-                 strict: bool) -> tuple[list[tuple[str, torch.Tensor]], list[str], list[str]]:
+def _match_names(targets: dict[str, torch.Tensor], entries: dict[str, _Entry], source: str, strict: bool,
+                 elsewhere: frozenset[str] = frozenset()) -> tuple[list[tuple[str, torch.Tensor]], list[str], list[str]]:
     """(name, tensor) to load, one per tensor object (tied names are aliases of one), missing, unexpected."""
     aliases: dict[int, list[str]] = {}
     for name, tensor in targets.items():
@@ -356,7 +358,7 @@ def _match_names(targets: dict[str, torch.Tensor], entries: dict[str, _Entry], s
             plan.append((present[0], targets[present[0]]))
         else:
             missing.append(names[0])
-    unexpected = [name for name in entries if name not in targets]
+    unexpected = [name for name in entries if name not in targets and name not in elsewhere]
     if missing or unexpected:
         message = (f"the weights at {source} do not match the model: {len(missing)} missing (the model has them, "
                    f"the files do not): {_listed(missing)}; {len(unexpected)} unexpected (the files have them, the "
