@@ -64,7 +64,7 @@ def test_fit_launches_an_efa_cluster_and_stop_tears_it_down(account, instance_ty
     assert any(p.get("UserIdGroupPairs") and p["UserIdGroupPairs"][0]["GroupId"] == sg["GroupId"]
                and p["IpProtocol"] == "-1" for p in sg["IpPermissions"])  # all traffic from itself
     assert template["LaunchTemplateData.MetadataOptions.HttpTokens"] == "required"
-    assert template["LaunchTemplateData.MetadataOptions.HttpPutResponseHopLimit"] == "2"
+    assert template["LaunchTemplateData.MetadataOptions.HttpPutResponseHopLimit"] == "1"
     (placement,) = rec.params("CreatePlacementGroup")
     assert placement["Strategy"] == "cluster"
     assert template["LaunchTemplateData.Placement.GroupName"] == placement["GroupName"]

@@ -23,6 +23,7 @@ class UnsafeArchive(Exception):
 
 def fetch_code(code_uri: str, code_dir: str) -> None:
     """Download, verify and extract the code archive (TamperedCode / UnsafeArchive before anything is written)."""
+    codearchive.check_name(code_uri)
     data = storage.get_bytes(code_uri)
     codearchive.check(data, code_uri)
     extract(data, code_dir)

@@ -120,6 +120,10 @@ def prepare(code_dir: str, cache_root: str, say: Callable[[str], None] = print,
                 shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
             os.makedirs(path)
             _copy_site_config(path)
+            with open(req, errors="replace") as fh:
+                changed = index_options(fh.read())
+            if changed:
+                say(f"requirements.txt: pip looks for packages where the file says: {', '.join(changed)}")
             say(f"requirements.txt: pip install -r requirements.txt --prefix {path}")
             try:
                 _run_pip(python, path, code_dir, say)
@@ -134,6 +138,25 @@ def prepare(code_dir: str, cache_root: str, say: Callable[[str], None] = print,
             return overlay
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# options that change where pip finds packages: a package of the same name on another index can replace PyPI's
+# (dependency confusion), and a trusted host is fetched without checking its certificate
+INDEX_OPTIONS = ("-i", "--index-url", "--extra-index-url", "--trusted-host", "-f", "--find-links", "--no-index")
+
+
+def index_options(text: str) -> list[str]:
+    """The options of a requirements file that change where pip finds packages, as written (with their value)."""
+    found = []
+    for line in text.splitlines():
+        tokens = _tokens(line)
+        for i, token in enumerate(tokens):
+            name = token.split("=", 1)[0]
+            if name in INDEX_OPTIONS:
+                value = token.split("=", 1)[1] if "=" in token else (tokens[i + 1] if i + 1 < len(tokens) and
+                                                                    name != "--no-index" else "")
+                found.append(f"{name} {value}".strip())
+    return found
 
 
 def overlay_key(code_dir: str) -> str:

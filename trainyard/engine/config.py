@@ -11,6 +11,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from trainyard.engine.components.checkpoint import check_location_form
 from trainyard.engine.components.data import TOKEN_DTYPES
 from trainyard.engine.distributed.layout import check_pipeline, check_tp
 from trainyard.engine.distributed.parallelism import Parallelism
@@ -110,6 +111,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.kernels not in KERNEL_MODES:
             raise ValueError(f"kernels must be one of {list(KERNEL_MODES)}, got {self.kernels!r}")
+        if self.checkpoint_uri:
+            check_location_form(self.checkpoint_uri, relative=False)
         if self.token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {self.token_dtype!r}")
         if self.model in MODEL_CONFIGS and self.seq_len > MODEL_CONFIGS[self.model].max_seq_len:

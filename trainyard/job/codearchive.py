@@ -37,12 +37,18 @@ def matches(data: bytes, uri: str) -> bool:
     return digest is not None and hashlib.sha256(data).hexdigest().startswith(digest)
 
 
-def check(data: bytes, uri: str) -> None:
-    """TamperedCode unless `data` hashes to the digest in `uri`."""
+def check_name(uri: str) -> str:
+    """The digest `uri` names (TamperedCode when it names none: code that cannot be verified is not run)."""
     digest = digest_of(uri)
     if digest is None:
         raise TamperedCode(f"the code archive {uri} is not named by its SHA-256 ({PREFIX}/<sha256>/{ARCHIVE}): the "
                            "driver runs only code it can verify; upload it with the Trainyard SDK")
+    return digest
+
+
+def check(data: bytes, uri: str) -> None:
+    """TamperedCode unless `data` hashes to the digest in `uri`."""
+    digest = check_name(uri)
     actual = hashlib.sha256(data).hexdigest()
     if not actual.startswith(digest):
         raise TamperedCode(f"the code archive {uri} was changed after it was uploaded: its SHA-256 is {actual}, its "

@@ -13,8 +13,9 @@ TAG_KEY = "trainyard:job"
 # (infra/modules/job) launches each instance with a RunInstances of its own, so all have launch index 0.
 # The EC2 backend launches all N in one RunInstances and leaves the tag out: the launch index is right.
 HOST_INDEX_TAG = "trainyard:host-index"
-# IMDSv2 only; hop limit 2 so that a container on the instance (one more hop) reaches it
-IMDS_OPTIONS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 2, "HttpEndpoint": "enabled"}
+# IMDSv2 only; hop limit 1: the training container uses the host network (sdk/aws/userdata.py), so no extra hop,
+# and a container on a bridge network (another program on the instance) cannot reach the instance role's credentials
+IMDS_OPTIONS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}
 # FSx for Lustre: its servers and clients talk on TCP 988 and 1018-1023
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 # torchrun's c10d rendezvous on the first host (REFERENCE: --rdzv-endpoint=<rank0 ip>:29400)

@@ -11,10 +11,11 @@ def now_iso() -> str:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Write `data` to `path` so that a reader sees the old document or the new one, never a part."""
+    """Write `data` to `path` so that a reader sees the old document or the new one, never a part. The file is
+    its owner's alone (0600): job documents hold environment values and endpoints."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as fh:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
             json.dump(data, fh, indent=1)
         os.replace(tmp, path)
     except BaseException:

@@ -27,6 +27,8 @@ JOB_NAME = re.compile(r"^[A-Za-z0-9](-*[A-Za-z0-9])*$")
 CAPACITY_RESERVATION_ID = re.compile(r"^cr-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+# Linux's MAX_ARG_STRLEN: the longest single argument or environment string (with its NUL) a process can get
+MAX_ARG_BYTES = 131072
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # the entry point of the built-in trainer (python -m trainyard.engine.train)
 BUILTIN_TRAINER = "trainyard.engine.train"
@@ -54,8 +56,9 @@ class Channel(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _CHANNEL.match(v):
-            raise ValueError(f"invalid channel name {v!r}: use 1-64 letters, digits, '.', '-' or '_'")
+        if not _CHANNEL.match(v) or v in (".", ".."):
+            raise ValueError(f"invalid channel name {v!r}: use 1-64 letters, digits, '.', '-' or '_' (not '.' or "
+                             "'..': the channel is a folder under /opt/ml/input/data)")
         return v
 
     @field_validator("uri")
@@ -228,12 +231,18 @@ class JobSpec(BaseModel):
                     f"hyperparameter name {name!r} cannot be passed as '--{name}': use letters, digits, '_', '-' or '.'"
                 )
             try:
-                json.dumps(value, allow_nan=False)
+                text = value if isinstance(value, str) else json.dumps(value, allow_nan=False)
             except (TypeError, ValueError) as e:
                 raise ValueError(
                     f"hyperparameter {name!r} = {value!r} is not JSON-serialisable ({e}); "
                     "use str, int, float, bool, None, or lists/dicts of those"
                 ) from None
+            if "\x00" in text:
+                raise ValueError(f"hyperparameter {name!r} holds a NUL character, which no command line can carry")
+            if len(text.encode()) >= MAX_ARG_BYTES:
+                raise ValueError(f"hyperparameter {name!r} is {len(text.encode())} bytes: a command-line argument "
+                                 f"must be under {MAX_ARG_BYTES} (Linux's limit); pass large values as an input "
+                                 "channel or a file in source_dir")
         return dict(v)
 
     @field_validator("distribution", mode="before")
@@ -265,6 +274,11 @@ class JobSpec(BaseModel):
                 raise ValueError(f"invalid variable name {name!r}: letters, digits and '_', not starting with a digit")
             if not isinstance(value, str):
                 raise ValueError(f"{name}={value!r}: values must be strings (use str({value!r}))")
+            if "\x00" in value:
+                raise ValueError(f"{name}: the value holds a NUL character, which no environment can carry")
+            if len(value.encode()) >= MAX_ARG_BYTES:
+                raise ValueError(f"{name}: the value is {len(value.encode())} bytes: a variable must be under "
+                                 f"{MAX_ARG_BYTES} (Linux's limit); pass large values as a file")
         return dict(v)
 
     @field_validator("checkpoint_s3_uri")
@@ -277,6 +291,9 @@ class JobSpec(BaseModel):
     def _checkpoint_local(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError(f"must be an absolute path inside the container, got {v!r}")
+        if any(part in (".", "..") for part in v.split("/")) or "\x00" in v:
+            raise ValueError(f"{v!r} has '.' or '..' parts, which would lead out of the folder it names; give the "
+                             "path itself, such as '/opt/ml/checkpoints'")
         return v
 
     @field_validator("output_path")

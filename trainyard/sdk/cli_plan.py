@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import json
 
 from trainyard.job.plan import Plan, PlannedLayout, plan
@@ -30,16 +31,30 @@ def add_parser(sub, command) -> None:
     pl.add_argument("--model", required=True, metavar="PRESET|CONFIG.json|DIR",
                     help="a built-in preset (llama3.2-1b, llama3-8b, llama3-70b, ...), a Hugging Face config.json or "
                          "a folder holding one")
-    pl.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per sequence")
-    pl.add_argument("--global-batch-size", type=int, required=True, metavar="N", help="sequences per step")
+    pl.add_argument("--seq-len", type=_positive(int), required=True, metavar="N", help="tokens per sequence")
+    pl.add_argument("--global-batch-size", type=_positive(int), required=True, metavar="N", help="sequences per step")
     pl.add_argument("--instance-type", required=True, metavar="TYPE", help="ml.p5.48xlarge, p4d.24xlarge, ...")
     pl.add_argument("--instance-count", type=_counts, default=(1,), metavar="N",
                     help="hosts (default 1), or several to compare: 4,8,16 or a range 2-8")
     pl.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="compute dtype (default bf16)")
-    pl.add_argument("--train-tokens", type=float, default=None, metavar="N",
+    pl.add_argument("--train-tokens", type=_positive(float), default=None, metavar="N",
                     help="also the hours and dollars to train this many tokens")
-    pl.add_argument("--top", type=int, default=20, metavar="N", help="rows of the table (default 20; --json: all)")
+    pl.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows of the table (default 20; --json: all)")
     pl.add_argument("--json", action="store_true", help='print {"layouts": [...]} (every layout, best first)')
+
+
+def _positive(kind: type):
+    """An argparse type: a finite number > 0 of `kind` (argparse names the flag in its error)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a {'whole ' if kind is int else ''}number > 0")
+        return value
+    parse.__name__ = kind.__name__  # argparse says "invalid int value" when it is not ours
+    return parse
 
 
 def _counts(text: str) -> tuple[int, ...]:

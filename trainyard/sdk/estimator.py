@@ -19,9 +19,7 @@ import importlib.util
 import inspect
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,7 +32,7 @@ from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
 from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME,
                                 JobSpec, build_spec)
 from trainyard.job.uris import check_storage_uri, join
-from trainyard.sdk import packaging, terraform
+from trainyard.sdk import gitsource, packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.debugger import profiler_request, tensorboard_output
@@ -170,7 +168,7 @@ class Estimator:
             inert += [k for k in EC2_ONLY if ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
             ec2 = dict(EC2_DEFAULTS)
         self.git_config = git_config
-        self._repo = _clone(git_config) if git_config else None
+        self._repo = gitsource.clone(git_config) if git_config else None
         if self._repo is not None:
             source_dir = os.path.join(self._repo, source_dir) if source_dir else self._repo
             dependencies = [os.path.join(self._repo, d) for d in dependencies or []]
@@ -322,6 +320,8 @@ class Estimator:
         if experiment_config:
             print("[trainyard] accepted with no effect: experiment_config (SageMaker Experiments)", file=sys.stderr)
         spec = self._job_spec(inputs, job_name)
+        if spec.entry_kind == "module" and spec.entry_point == BUILTIN_TRAINER:
+            _check_builtin_channels(spec)
         backend = backend_for(spec, session=self.boto_session)
         backend.check(spec)
         plan = backend.plan(spec)
@@ -498,34 +498,6 @@ def _check_dependencies(dependencies: object) -> tuple[str, ...]:
     return tuple(dependencies)
 
 
-def _clone(git_config: object) -> str:
-    """SageMaker's `git_config`: clone `repo` (at `branch` and `commit`) into a temporary folder; source_dir,
-    entry_point and dependencies are then paths inside it."""
-    if not isinstance(git_config, dict) or not isinstance(git_config.get("repo"), str):
-        raise ConfigError("git_config", f"expected {{'repo': URL, 'branch': ..., 'commit': ...}}, got {git_config!r}")
-    dest = tempfile.mkdtemp(prefix="trainyard-git-")
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    repo = git_config["repo"]
-    if git_config.get("token") and repo.startswith("https://"):
-        repo = repo.replace("https://", f"https://{git_config['token']}@", 1)
-    elif git_config.get("username") and repo.startswith("https://"):
-        repo = repo.replace("https://", f"https://{git_config['username']}:{git_config.get('password', '')}@", 1)
-    steps = [["git", "clone", "--quiet", repo, dest]]
-    if git_config.get("branch"):
-        steps.append(["git", "-C", dest, "checkout", "--quiet", git_config["branch"]])
-    if git_config.get("commit"):
-        steps.append(["git", "-C", dest, "checkout", "--quiet", git_config["commit"]])
-    for cmd in steps:
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ConfigError("git_config", f"{' '.join(cmd[:2])} failed: {e}") from None
-        if r.returncode != 0:
-            what = "clone " + git_config["repo"] if cmd[1] == "clone" else "checkout " + cmd[-1]
-            raise ConfigError("git_config", f"git could not {what}: {(r.stderr or r.stdout).strip()[-500:]}")
-    return dest
-
-
 def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[str | None, str, str]:
     """-> (file to package when there is no source_dir, entry point as the job sees it, 'script'|'module')."""
     if not isinstance(entry_point, str) or not entry_point.strip():
@@ -534,6 +506,14 @@ def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[s
     if source_dir is not None:
         if not isinstance(source_dir, str) or not os.path.isdir(source_dir):
             raise ConfigError("source_dir", f"{source_dir!r} is not a directory; give the folder holding {entry_point!r}")
+        if os.path.isabs(entry_point) or ".." in entry_point.replace("\\", "/").split("/"):
+            inside = os.path.relpath(os.path.realpath(os.path.join(source_dir, entry_point)),
+                                     os.path.realpath(source_dir))
+            if inside.startswith(".."):
+                raise ConfigError("entry_point", f"{entry_point!r} is outside source_dir {source_dir!r}: the job runs "
+                                                 "the code packaged from source_dir; give the script's path inside it "
+                                                 "(e.g. 'train.py'), or drop source_dir to ship this file alone")
+            entry_point = inside
         if os.path.isfile(os.path.join(source_dir, entry_point)):
             return None, entry_point, "script"
         if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
@@ -638,10 +618,39 @@ def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
         reconcile_distribution(cfg, par, spec.world_size)
     except ValueError as e:
         raise ConfigError("distribution", str(e)) from None
+    if cfg.checkpoint_every and not (cfg.checkpoint_uri or spec.checkpoint_s3_uri):
+        raise ConfigError("hyperparameters", f"checkpoint_every={cfg.checkpoint_every} but the job has no checkpoint "
+                                             "location: set checkpoint_s3_uri on the Estimator (or the trainer's "
+                                             "checkpoint_uri), or drop checkpoint_every")
+    if cfg.kernels == "triton" and not catalog.lookup(spec.instance_type).num_gpus and \
+            spec.environment.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("hyperparameters", f"kernels='triton' runs on GPUs, and {spec.instance_type} has none: use "
+                                             "kernels='auto' (Triton where it runs, else the eager ops), 'eager', or "
+                                             "environment={'TRITON_INTERPRET': '1'} to run Triton's interpreter on "
+                                             "the CPU (slow)")
     late = [s for s in (spec.profiler.steps if spec.profiler else ()) if s > cfg.steps]
     if late:
         raise ConfigError("profiler", f"step(s) {late} come after the job's last step {cfg.steps} (hyperparameter "
                                       f"steps): nothing would be profiled; give steps from 1 to {cfg.steps}")
+
+
+def _check_builtin_channels(spec: JobSpec) -> None:
+    """The built-in trainer's `dataset` names an input channel of the job (fit()'s inputs), or is synthetic."""
+    dataset = user_args_value(spec.hyperparameters, "dataset") or "synthetic"
+    channels = [c.name for c in spec.channels]
+    if dataset != "synthetic" and dataset not in channels:
+        raise ConfigError("hyperparameters", f"dataset={dataset!r} names an input channel, and the job has "
+                                             f"{channels or 'none'}: pass it to fit(inputs={{{dataset!r}: "
+                                             "'s3://...'}), or use dataset='synthetic'")
+
+
+def user_args_value(hyperparameters: dict, name: str) -> str | None:
+    """A hyperparameter as the script receives it (a string), whether given as `name` or with dashes."""
+    for key in (name, name.replace("_", "-")):
+        if key in hyperparameters:
+            value = hyperparameters[key]
+            return value if isinstance(value, str) else str(value)
+    return None
 
 
 def _check_tensorboard_installed() -> None:

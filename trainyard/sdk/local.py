@@ -21,6 +21,7 @@ from trainyard.job.uris import check_s3_uri, split_s3
 from trainyard.sdk.job import TrainingJob
 from trainyard.sdk.jobstate import Status, job_dir, write_json
 from trainyard.sdk.store import Endpoint, ensure_store, trainyard_home
+from trainyard.sdk.store_auth import private_folder
 
 
 def free_port() -> int:
@@ -58,6 +59,17 @@ class LocalBackend:
     def check(self, spec: JobSpec) -> None:
         if os.path.exists(job_dir(spec.job_name)):
             raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists; choose another name")
+        cap = max_local_processes()
+        if spec.world_size > cap:
+            raise ConfigError("instance_count", f"{spec.instance_count} host(s) x {spec.processes_per_host} process(es) "
+                                                f"= {spec.world_size} processes on this machine ({os.cpu_count()} "
+                                                f"cores); local jobs run at most {cap} ({CAP_ENV} raises it)")
+        path = spec.checkpoint_local_path
+        if spec.checkpoint_s3_uri and not (path == "/opt/ml" or path.startswith("/opt/ml/")):
+            raise ConfigError("checkpoint_local_path", f"{path!r}: a local job's hosts share this machine's files, so a "
+                                                       "path outside /opt/ml would be one folder of this machine for "
+                                                       "every host; give a path under /opt/ml "
+                                                       "(default /opt/ml/checkpoints)")
 
     def plan(self, spec: JobSpec) -> LocalPlan:
         """Checks the channels and buckets on the job's endpoint (starting the embedded store if needed)."""
@@ -79,13 +91,25 @@ class LocalBackend:
         return launch(spec, self.endpoint)
 
 
+CAP_ENV = "TRAINYARD_LOCAL_MAX_PROCESSES"
+
+
+def max_local_processes() -> int:
+    """The most processes a local job may start: 8 per core (at least 16), or `TRAINYARD_LOCAL_MAX_PROCESSES`.
+    Each process imports torch (a few hundred MB); a thousand of them take the machine down."""
+    return int(os.environ.get(CAP_ENV) or max(16, 8 * (os.cpu_count() or 1)))
+
+
 def launch(spec: JobSpec, endpoint: Endpoint) -> LocalJob:
     jobdir = job_dir(spec.job_name)
     if os.path.exists(jobdir):
         raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists ({jobdir}); choose another name")
+    # the owner's alone: the spec and runtime.json hold environment values and the store's key
+    for folder in (trainyard_home(), os.path.dirname(jobdir), jobdir):
+        private_folder(folder)
     for sub in ("hosts", "logs", "torchrun"):
         os.makedirs(f"{jobdir}/{sub}")
-    with open(f"{jobdir}/spec.json", "w") as fh:
+    with open(os.open(f"{jobdir}/spec.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
         fh.write(spec.to_json())
     env = dict(endpoint.env())
     # requirements.txt overlays are shared by every job of this machine (container/requirements.py)

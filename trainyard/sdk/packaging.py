@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pathspec
 
+from trainyard.container import requirements
 from trainyard.job import codearchive, storage
 from trainyard.job.uris import join
 from trainyard.sdk.live import Transfer, size_text
@@ -124,6 +125,12 @@ def package(source_dir: str | None, entry_file: str | None = None, dependencies:
         biggest = ", ".join(f"{f} ({s / 2**20:.1f} MiB)" for s, f in sizes)
         log.warning("the code package is %.0f MiB; largest files: %s. Add them to .trainyardignore "
                     "and pass data as inputs instead.", len(data) / 2**20, biggest)
+    if "requirements.txt" in sources:
+        with open(sources["requirements.txt"], errors="replace") as fh:
+            changed = requirements.index_options(fh.read())
+        if changed:  # said before anything ships: another index can serve a package of PyPI's name
+            print(f"[trainyard] requirements.txt changes where pip finds packages: {', '.join(changed)}; the job's "
+                  "hosts install from there", file=sys.stderr)
     return Package(data=data, sha256=hashlib.sha256(data).hexdigest(), files=tuple(files))
 
 

@@ -33,7 +33,6 @@ module "efa_layout" {
 }
 
 resource "aws_launch_template" "this" {
-  #checkov:skip=CKV_AWS_341:hop limit 2 is required: the training container is one hop further than the instance and reads IMDS (trainyard/job/facts.py IMDS_OPTIONS)
   name_prefix            = "${var.name}-"
   description            = "Trainyard cluster ${var.name}: ${var.efa_interfaces} EFA interface(s), IMDSv2, placement group ${aws_placement_group.this.name}"
   image_id               = local.ami_id
@@ -46,12 +45,11 @@ resource "aws_launch_template" "this" {
     arn = aws_iam_instance_profile.instance.arn
   }
 
-  # IMDSv2 only; hop limit 2 so that the training container (one hop further) reaches it
-  # (trainyard/job/facts.py IMDS_OPTIONS)
+  # IMDSv2 only; hop limit 1: the training container uses the host network (trainyard/job/facts.py IMDS_OPTIONS)
   metadata_options {
     http_endpoint               = "enabled"
     http_tokens                 = "required"
-    http_put_response_hop_limit = 2
+    http_put_response_hop_limit = 1
   }
 
   monitoring {

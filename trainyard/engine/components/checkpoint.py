@@ -51,6 +51,23 @@ def _check_uri_type(uri: Any) -> None:
     # pathlib.Path folds "s3://b" into "s3:/b": storage locations are always str.
     if not isinstance(uri, str) or not uri:
         raise ValueError(f"checkpoint uri must be a non-empty str, got {uri!r}")
+    check_location_form(uri)
+
+
+def check_location_form(uri: str, *, relative: bool = True) -> None:
+    """ValueError unless `uri` is `s3://bucket/...`, `file:///...` or a path (no I/O): `s3:/b` (one slash),
+    `http://` and other schemes are mistakes. `relative=False`: a relative path is one too (in a job it would land
+    in the job's code folder)."""
+    if uri.startswith(("s3://", "file:///")):
+        return
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if scheme:
+        hint = " (two slashes after s3:)" if scheme[1].lower() in ("s3", "file") else ""
+        raise ValueError(f"checkpoint uri {uri!r}: not a checkpoint location; use s3://bucket/prefix{hint}, "
+                         "file:///absolute/path or an absolute path")
+    if not relative and not uri.startswith("/"):
+        raise ValueError(f"checkpoint uri {uri!r} is a relative path, which in a job lands in its code folder; use "
+                         "s3://bucket/prefix, file:///absolute/path or an absolute path")
 
 
 def storage_options(uri: str) -> dict[str, Any]:

@@ -178,6 +178,7 @@ class Parallelism:
             named = ", ".join(f"{k!r}{did_you_mean(str(k), _TYPED_KEYS + _LAUNCHER_KEYS)}" for k in unknown)
             raise ValueError(f"distribution: unknown key(s) {named}; known: {sorted(_TYPED_KEYS)} and SageMaker's "
                              f"{sorted(_LAUNCHER_KEYS)}")
+        _check_enabled_flags(distribution)
         mics = distribution.pop("mics", None) or {}
         if not isinstance(mics, dict):
             raise ValueError(f"distribution: mics must be a dict of {list(MICS_KEYS)}, got {mics!r}")
@@ -252,3 +253,14 @@ def _from_smp(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
                              f"{params['pipeline']!r}; or give pipeline_schedule")
         out["pipeline_schedule"] = SMP_PIPELINES[params["pipeline"]]
     return mics, out
+
+
+def _check_enabled_flags(distribution: dict, path: str = "") -> None:
+    """SageMaker's `{"torch_distributed": {"enabled": True}}` and the like: every `enabled` is a bool (the string
+    "false" is true in Python, and would turn on what it means to turn off)."""
+    for key, value in distribution.items():
+        name = f"{path}{key}"
+        if key == "enabled" and not isinstance(value, bool):
+            raise ValueError(f"distribution: {name} must be true or false, got {value!r} ({type(value).__name__})")
+        if isinstance(value, dict):
+            _check_enabled_flags(value, f"{name}.")
