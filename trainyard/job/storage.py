@@ -22,18 +22,23 @@ def _config(endpoint: str | None):
 
 
 @cache
-def _s3(endpoint: str | None):
+def _s3(endpoint: str | None, key_id: str | None):
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, config=_config(endpoint))
+    # keys in the environment are passed as they are now: boto3's default session keeps the first credentials
+    # it resolved, and a process that used it before (with AWS keys) would sign the store's requests with those
+    keys = {"aws_access_key_id": key_id, "aws_secret_access_key": os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            "aws_session_token": os.environ.get("AWS_SESSION_TOKEN")} if key_id else {}
+    return boto3.client("s3", endpoint_url=endpoint, config=_config(endpoint), **keys)
 
 
 def s3_client(session=None):
     """An S3 client on AWS_ENDPOINT_URL (or real S3): boto3's default one, or one of the boto3 `session`
-    (its credentials and region)."""
+    (its credentials and region). The default one is made once per endpoint and access key (another store on a
+    reused port, or another key, gets its own)."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
     if session is None:
-        return _s3(endpoint)
+        return _s3(endpoint, os.environ.get("AWS_ACCESS_KEY_ID"))
     return session.client("s3", endpoint_url=endpoint, config=_config(endpoint))
 
 

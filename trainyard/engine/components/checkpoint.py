@@ -71,8 +71,9 @@ def check_location_form(uri: str, *, relative: bool = True) -> None:
 
 
 def storage_options(uri: str) -> dict[str, Any]:
-    """fsspec options for `uri`: the S3 endpoint named explicitly, so that fsspec's instance cache never
-    hands out a filesystem bound to another endpoint (it keys instances by these options)."""
+    """fsspec options for `uri`: the S3 endpoint, and the keys when the environment has them, named explicitly,
+    so that fsspec's instance cache never hands out a filesystem bound to another endpoint or other keys (it
+    keys instances by these options)."""
     if not uri.startswith("s3://"):
         return {}
     # botocore's "standard" retries: throttling (503 SlowDown), 5xx and dropped connections, with
@@ -81,6 +82,10 @@ def storage_options(uri: str) -> dict[str, Any]:
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         options["client_kwargs"] = {"endpoint_url": endpoint}
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        options.update(key=os.environ["AWS_ACCESS_KEY_ID"], secret=os.environ.get("AWS_SECRET_ACCESS_KEY"))
+        if os.environ.get("AWS_SESSION_TOKEN"):
+            options["token"] = os.environ["AWS_SESSION_TOKEN"]
     return options
 
 
