@@ -14,6 +14,19 @@ def store_client():
     return ensure_store().client()
 
 
+def use_store(monkeypatch) -> None:
+    """This test process's s3:// calls go to the embedded store, with its key (as a job's processes do)."""
+    from trainyard.sdk.store import ensure_store
+
+    for k, v in ensure_store().env().items():
+        monkeypatch.setenv(k, v)
+
+
+def unuse_store(monkeypatch) -> None:
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(k, raising=False)
+
+
 def read_tar(uri: str) -> dict[str, bytes]:
     bucket, _, key = uri[len("s3://"):].partition("/")
     data = store_client().get_object(Bucket=bucket, Key=key)["Body"].read()

@@ -9,7 +9,7 @@ from trainyard import Estimator
 from trainyard.engine.components.checkpoint import latest_committed_step, list_steps
 from trainyard.sdk.cli import main as cli_main
 
-from .helpers import assert_no_processes_left, read_tar, store_client
+from .helpers import assert_no_processes_left, read_tar, unuse_store, use_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,16 +43,14 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
     model = read_tar(est.model_data)
     assert {"model.pt", "config.json"} <= set(model)
     # committed steps under checkpoint_s3_uri: 8 and 10 (keep_last 2), each with its .metadata
-    monkeypatch.setenv("AWS_ENDPOINT_URL", store_client().meta.endpoint_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    use_store(monkeypatch)
     assert latest_committed_step(ckpt) == 10 and list_steps(ckpt) == {8: True, 10: True}
     # the sharded checkpoint (4 ranks, ZeRO-3) consolidates into the same weights as the trainer's export
     assert cli_main(["checkpoint", "export", ckpt, str(tmp_path / "export")]) == 0
     exported = load_file(str(tmp_path / "export" / "model.safetensors"))
     full = torch.load(io.BytesIO(model["model.pt"]), weights_only=True)
     assert exported.keys() == full.keys() and all(torch.equal(exported[k], full[k]) for k in full)
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    unuse_store(monkeypatch)
     assert_no_processes_left(job)
 
     again = _est(13, checkpoint_s3_uri=ckpt)
@@ -94,11 +92,9 @@ def test_stop_writes_an_emergency_checkpoint_and_the_next_run_resumes_there(monk
     step = int(logs.split("emergency checkpoint step ")[1].split()[0])
     assert step >= 3 and f"SIGTERM: stopping after step {step}" in logs
     assert [r["step"] for r in job.metrics()][-1] == step  # no step was lost or half-done
-    monkeypatch.setenv("AWS_ENDPOINT_URL", store_client().meta.endpoint_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    use_store(monkeypatch)
     assert list_steps(ckpt) == {step: True}
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    unuse_store(monkeypatch)
     assert_no_processes_left(job)
     again = _est(step + 1, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": step + 1, "decay_steps": 400})
     again.fit(logs=False)

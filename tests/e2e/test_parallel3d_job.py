@@ -6,7 +6,7 @@ import pytest
 from trainyard import Estimator
 from trainyard.engine.components.checkpoint import list_steps
 
-from .helpers import assert_no_processes_left, read_tar, store_client
+from .helpers import assert_no_processes_left, read_tar, unuse_store, use_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -54,11 +54,9 @@ def test_seed_layout_matches_one_process_and_resumes(monkeypatch):
         "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w2.weight",
         "feed_forward.w3.weight")}
     assert all(not v.is_meta and v.shape[0] > 0 for v in exported.values())
-    monkeypatch.setenv("AWS_ENDPOINT_URL", store_client().meta.endpoint_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    use_store(monkeypatch)
     assert list_steps(ckpt) == {4: True}
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    unuse_store(monkeypatch)
     assert_no_processes_left(job)
 
     # resume in the same layout: step 5 continues the single-process curve

@@ -112,7 +112,7 @@ class TrainConfig:
         if self.kernels not in KERNEL_MODES:
             raise ValueError(f"kernels must be one of {list(KERNEL_MODES)}, got {self.kernels!r}")
         if self.checkpoint_uri:
-            check_location_form(self.checkpoint_uri, relative=False)
+            check_location_form(self.checkpoint_uri)  # a relative path is fine here; in a job the SDK refuses it
         if self.token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {self.token_dtype!r}")
         if self.model in MODEL_CONFIGS and self.seq_len > MODEL_CONFIGS[self.model].max_seq_len:

@@ -618,6 +618,10 @@ def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
         reconcile_distribution(cfg, par, spec.world_size)
     except ValueError as e:
         raise ConfigError("distribution", str(e)) from None
+    if cfg.checkpoint_uri and not cfg.checkpoint_uri.startswith(("s3://", "file://", "/")):
+        raise ConfigError("hyperparameters", f"checkpoint_uri {cfg.checkpoint_uri!r} is a relative path, which in a "
+                                             "job lands in its code folder (and is gone with it): use "
+                                             "s3://bucket/prefix, or checkpoint_s3_uri on the Estimator")
     if cfg.checkpoint_every and not (cfg.checkpoint_uri or spec.checkpoint_s3_uri):
         raise ConfigError("hyperparameters", f"checkpoint_every={cfg.checkpoint_every} but the job has no checkpoint "
                                              "location: set checkpoint_s3_uri on the Estimator (or the trainer's "

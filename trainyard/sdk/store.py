@@ -37,10 +37,12 @@ class Endpoint:
         endpoint that is not the embedded store)."""
         import boto3  # lazily: the SDK's import path stays free of boto3
 
-        env = self.env()
-        keys = {"aws_access_key_id": env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-                "region_name": env["AWS_DEFAULT_REGION"]} if self.embedded else {}
-        return boto3.client("s3", endpoint_url=self.url, **keys)
+        env = self.env() if self.embedded else os.environ
+        # keys passed as they are now: boto3's default session keeps the first keys it resolved
+        keys = {"aws_access_key_id": env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": env.get("AWS_SECRET_ACCESS_KEY"),
+                "aws_session_token": env.get("AWS_SESSION_TOKEN")} if env.get("AWS_ACCESS_KEY_ID") else {}
+        region = env.get("AWS_DEFAULT_REGION")
+        return boto3.client("s3", endpoint_url=self.url, region_name=region, **keys)
 
     def env(self) -> dict[str, str]:
         """Variables that point boto3 and s3fs in a job's processes at this endpoint."""
@@ -57,11 +59,14 @@ def store_root() -> str:
     return os.path.join(trainyard_home(), "store")
 
 
-def healthy(url: str, timeout: float = 2.0) -> bool:
+def healthy(url: str, timeout: float = 2.0, key_id: str | None = None) -> bool:
+    """Whether a store answers at `url` (with `key_id`: the store of that key, not another on a reused port)."""
     try:
         with urllib.request.urlopen(url + HEALTH_PATH, timeout=timeout) as r:
-            return r.status == 200
-    except OSError:
+            if r.status != 200:
+                return False
+            return key_id is None or json.loads(r.read()).get("key") == key_id
+    except (OSError, ValueError):
         return False
 
 
@@ -71,7 +76,7 @@ def _running_url(root: str) -> str | None:
             url = json.load(fh)["url"]
     except (OSError, ValueError, KeyError):
         return None
-    return url if healthy(url) else None
+    return url if healthy(url, key_id=credentials(root).access_key_id) else None
 
 
 def ensure_store() -> Endpoint:
@@ -127,8 +132,8 @@ def stop_store() -> bool:
             info = json.load(fh)
     except (OSError, ValueError):
         return False
-    if not healthy(info["url"]):
-        return False
+    if not healthy(info["url"], key_id=credentials(root).access_key_id):
+        return False  # not running, or another store took its port: nothing of ours to stop
     os.kill(info["pid"], 15)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and healthy(info["url"], timeout=0.5):

@@ -12,7 +12,8 @@ moto keeps objects in memory; this wrapper makes it behave like a store:
   a DELETE) of a missing bucket is answered as S3 answers it (NoSuchBucket) and creates nothing, so a
   check that reads never leaves a bucket behind (the SDK creates the buckets a job writes to, after
   `fit()`'s checks: sdk/local.py);
-- `GET /_trainyard/health` answers with the server's pid (the one request that needs no key);
+- `GET /_trainyard/health` answers with the server's pid and its key's id, so that a client finds its own
+  store and not another user's on a reused port (the one request that needs no key);
 - every other request must be signed with the owner's key (`store_auth.py`): any other is answered 403, as
   S3 answers it; moto's management API (`/moto-api/`, whose reset wipes the store) is not served, and no
   response carries CORS headers (a web page in a browser cannot use the store);
@@ -177,8 +178,8 @@ class StoreApp:
         self.last_request = time.monotonic()
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
-        if path == HEALTH_PATH:
-            body = json.dumps({"pid": os.getpid()}).encode()
+        if path == HEALTH_PATH:  # the key's id says whose store this is (an id, not the secret)
+            body = json.dumps({"pid": os.getpid(), "key": self.creds.access_key_id}).encode()
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
         if path.startswith("/moto-api"):

@@ -296,8 +296,8 @@ def check_tp_gradients(par: Parallelized) -> None:
     group = par.dims.mesh.get_group("tp")
     everyone = [torch.empty_like(mine) for _ in range(group.size())]
     dist.all_gather(everyone, mine, group=group)
-    spread = torch.stack([(e - everyone[0]).abs() for e in everyone]).amax(0)[:, 1]  # by the gradient norm
-    scale = everyone[0][:, 1].abs().clamp_min(1e-12)
+    spread = torch.stack([(e - everyone[0]).abs() for e in everyone]).amax(0).sum(1)  # of the sum and the norm
+    scale = everyone[0][:, 1].abs().clamp_min(1e-12)  # relative to the gradient's norm
     mine_bad = [names[i] for i in torch.nonzero(spread / scale > TP_GRAD_TOLERANCE).flatten().tolist()]
     # every rank decides the same: a rank may hold an empty shard of a small parameter (MiCS pads it)
     found: list = [None] * dist.get_world_size()
