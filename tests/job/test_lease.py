@@ -56,3 +56,14 @@ def test_locations_are_the_checkpoint_uri_and_the_trainer_s():
     script = build_spec(entry_point="train.py", entry_kind="script", hyperparameters={"checkpoint_uri": "s3://bkt/x"},
                         **common)
     assert lease.locations(script) == ["s3://bkt/ckpt"]
+
+
+def test_a_location_above_or_below_a_live_one_is_refused_too(tmp_path):
+    """s3://b/run and s3://b/run/sub overlap: the first job lists, restores and purges what the second writes."""
+    run = f"file://{tmp_path}/ckpt/run"
+    lease.take(run, "job-a")
+    for other in (f"{run}/sub", f"file://{tmp_path}/ckpt"):
+        with pytest.raises(lease.LeaseHeld, match="job 'job-a' is writing checkpoints to"):
+            lease.take(other, "job-b")
+    lease.take(f"file://{tmp_path}/ckpt/run2", "job-b")  # a sibling does not overlap
+    lease.take(f"{run}/sub", "job-b", alive=lambda name: name != "job-a")  # job-a has ended

@@ -86,6 +86,70 @@ def test_another_user_without_the_key_is_refused_by_the_store(own_store, tmp_pat
         verify(environ, b"", Credentials(creds["access_key_id"], creds["secret_access_key"]))
 
 
+def test_another_user_s_server_on_the_store_s_old_port_is_not_taken_for_the_store(own_store):
+    """The owner's store died without cleaning up (server.json left); another user serves its old port and
+    answers the health check with the owner's key id (which is no secret). The SDK asks for proof of the secret
+    (an HMAC of a fresh nonce): the impostor has none, so a new store is started and the impostor is not used."""
+    import http.server
+    import signal
+    import threading
+
+    root = store.store_root()
+    info = json.loads(open(os.path.join(root, "server.json")).read())
+    key_id = json.loads(open(os.path.join(root, "credentials.json")).read())["access_key_id"]
+    os.kill(info["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and store.healthy(info["url"], timeout=0.2):
+        time.sleep(0.05)
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"pid": info["pid"], "key": key_id, "proof": "0" * 64}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    fake = http.server.HTTPServer(("127.0.0.1", info["port"]), Impostor)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        assert store.healthy(info["url"])  # it answers...
+        ep = store.ensure_store()
+        assert ep.url != info["url"]  # ...but is not taken for the owner's store
+        assert ep.client().list_buckets()["ResponseMetadata"]["HTTPStatusCode"] == 200
+    finally:
+        fake.shutdown()
+
+
+def test_requests_signed_for_another_address_or_without_a_key_are_refused_before_their_body(own_store):
+    import socket
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials as BotoCredentials
+
+    creds = json.loads(open(os.path.join(store.store_root(), "credentials.json")).read())
+    port = int(own_store.url.rsplit(":", 1)[1])
+    # a GET the owner signed for another server (an impostor's port), replayed here with that Host header
+    req = AWSRequest(method="GET", url="http://127.0.0.1:1/", headers={"x-amz-content-sha256": hashlib.sha256(b"").hexdigest()})
+    S3SigV4Auth(BotoCredentials(creds["access_key_id"], creds["secret_access_key"]), "s3", "us-east-1").add_auth(req)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in req.headers.items())
+                     + b"Host: 127.0.0.1:1\r\nConnection: close\r\n\r\n")
+        answer = b"".join(iter(lambda: sock.recv(4096), b""))
+    assert b" 403 " in answer.split(b"\r\n")[0] and b"signed for another address" in answer
+    # 1 GB announced and never sent: refused at once, nothing read
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(f"PUT /victim/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {1 << 30}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        answer = sock.recv(4096)
+    assert b" 403 " in answer.split(b"\r\n")[0] and time.monotonic() - started < 3
+
+
 def test_a_replaced_code_archive_is_uploaded_again_and_refused_by_the_driver(own_store, tmp_path, capsys, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
@@ -139,6 +203,8 @@ def test_crafted_code_archives_are_refused_before_anything_is_written(tmp_path):
         "an absolute path": [_member("/tmp/escape.py")],
         "a long path": [_member(f"{deep}/x.py")],
         "a FIFO": [_member("fifo", tarfile.FIFOTYPE)],
+        "a folder that is also a file": [_member("a", tarfile.DIRTYPE), _member("a/b"), _member("a")],
+        "a file twice": [_member("x.py"), _member("x.py")],
     }
     for what, members in crafted.items():
         with pytest.raises(codefetch.UnsafeArchive):
@@ -163,6 +229,35 @@ def test_object_keys_that_lead_out_of_their_folder_are_refused(tmp_path):
         storage.download_tree("file://unused", str(dest), [(f"file://{src}/ok/a.txt", "link/outside/x", 1)])
     assert not outside.exists()
     assert storage.download_tree(f"file://{src}", str(dest)) == 1 and (dest / "ok" / "a.txt").read_text() == "a"
+    with pytest.raises(storage.UnsafeKey, match="'d/ok' and 'd/ok/x' cannot both be written"):
+        storage.download_tree("file://unused", str(dest), [(f"file://{src}/ok/a.txt", "d/ok", 1),
+                                                           (f"file://{src}/ok/a.txt", "d/ok/x", 1)])
+
+
+def test_a_link_planted_while_a_download_runs_does_not_lead_a_write_out(tmp_path, monkeypatch):
+    """The keys are checked first; a symbolic link made in the target afterwards (in a folder another user can
+    write) is still not followed: every write goes through folder descriptors opened with O_NOFOLLOW."""
+    import shutil as shutil_module
+
+    src = tmp_path / "bucket"
+    src.mkdir()
+    (src / "big").write_text("first")
+    (src / "payload").write_text("evil")
+    dest, victim = tmp_path / "shared", tmp_path / "victim"
+    dest.mkdir()
+    victim.mkdir()
+    real_copy = shutil_module.copyfileobj
+
+    def copy_then_plant(fsrc, fdst, *a, **k):
+        real_copy(fsrc, fdst, *a, **k)
+        if not (dest / "zsub").exists():
+            os.symlink(victim, dest / "zsub")  # mallory, between the check and the second write
+
+    monkeypatch.setattr(storage.shutil, "copyfileobj", copy_then_plant)
+    with pytest.raises(storage.UnsafeKey, match="'zsub' in .* is a symbolic link"):
+        storage.download_tree("file://unused", str(dest), [(f"file://{src}/big", "a000", 5),
+                                                           (f"file://{src}/payload", "zsub/payload", 4)])
+    assert list(victim.iterdir()) == []
 
 
 def test_the_git_token_never_reaches_a_command_line(tmp_path, monkeypatch):

@@ -46,5 +46,14 @@ def extract(data: bytes, code_dir: str) -> None:
         members = tar.getmembers()
         for m in members:
             _check_member(m)
+        files = {m.name.rstrip("/") for m in members if m.isreg()}
+        for m in members:  # a name that is a file and, in another member, a folder (or a file twice)
+            parts = m.name.rstrip("/").split("/")
+            clash = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in files), None)
+            if clash is not None or (m.isdir() and m.name.rstrip("/") in files):
+                raise UnsafeArchive(f"the code archive's member {clash or m.name!r} is both a file and a folder; "
+                                    "not extracted")
+        if len(files) != sum(1 for m in members if m.isreg()):
+            raise UnsafeArchive("the code archive holds a file twice; not extracted")
         os.makedirs(code_dir, exist_ok=True)
         tar.extractall(code_dir, members=members, filter="data")

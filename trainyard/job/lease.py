@@ -5,8 +5,9 @@ then resumes the other's weights. So a job holds a lease on each location it wri
 `checkpoint_s3_uri`, and the built-in trainer's `checkpoint_uri`): the object `<location>/.trainyard-lease.json`,
 `{"job", "heartbeat", "host"}`.
 
-- `fit()` takes it before anything is uploaded or started (`take`); a lease of another job that is alive
-  refuses the new job, naming the other one (`LeaseHeld`).
+- `fit()` takes it before anything is uploaded or started (`take`); a lease of another job that is alive, on
+  the location or on a folder above or below it (`s3://b/run` and `s3://b/run/sub` overlap: the first job lists,
+  restores and purges what the second writes), refuses the new job, naming the other one (`LeaseHeld`).
 - While the job runs, the driver of its first host renews it every RENEW_S seconds (`Heartbeat`), and removes
   it when the job ends, if it is still the job's.
 - A lease is stale, and taken over with a line that says so, when its heartbeat is older than `TRAINYARD_LEASE_TTL_S`
@@ -86,18 +87,38 @@ def _write(location: str, job: str, s3=None) -> None:
         storage.put_bytes(uri(location), data, "application/json")
 
 
+def _overlapping(location: str, s3=None) -> list[str]:
+    """The locations whose leases overlap `location`: the folders above it (a job there lists, restores and purges
+    what is under it) and those below it that hold a lease."""
+    scheme, rest = location.split("://", 1)
+    root = f"{scheme}://{rest.split('/', 1)[0]}"  # s3://bucket, or file:// (a local path starts with /)
+    parts = [p for p in location[len(root):].split("/") if p]
+    above = [root + "".join(f"/{p}" for p in parts[:i]) for i in range(len(parts))]
+    above = [a for a in above if a != "file://"]
+    try:
+        below = [f"{location}/{rel[: -len(NAME) - 1]}" for _, rel, _ in storage.list_files(location, s3=s3)
+                 if rel.endswith(f"/{NAME}")]
+    except Exception:  # noqa: BLE001 - a location nothing was written to yet (no bucket): nothing below
+        below = []
+    return above + below
+
+
 def take(location: str, job: str, *, alive: Callable[[str], bool | None] = lambda name: None,
          say: Callable[[str], None] = print, s3=None) -> None:
-    """Hold `location` for `job`: LeaseHeld when another job holds it and is alive (`alive(name)`: True, False,
-    or None when unknown: then the heartbeat's age decides). A stale lease is taken over, said in one line."""
-    held = read(location, s3=s3)
-    if held is not None and held["job"] != job:
+    """Hold `location` for `job`: LeaseHeld when another job holds it, or a folder above or below it, and is
+    alive (`alive(name)`: True, False, or None when unknown: then the heartbeat's age decides). A stale lease
+    is taken over (or, overlapping, left alone), said in one line."""
+    for other in [location, *_overlapping(location, s3=s3)]:
+        held = read(other, s3=s3)
+        if held is None or held["job"] == job:
+            continue
         age = time.time() - float(held.get("heartbeat") or 0)
         state = alive(held["job"])
         if state is True or (state is None and age < ttl_s()):
-            raise LeaseHeld(location, held["job"], age)
-        why = "it has ended" if state is False else f"no heartbeat for {age:.0f} s (more than {ttl_s():.0f} s)"
-        say(f"checkpoint location {location}: taking over the lease of job {held['job']!r}: {why}")
+            raise LeaseHeld(other, held["job"], age)
+        if other == location:
+            why = "it has ended" if state is False else f"no heartbeat for {age:.0f} s (more than {ttl_s():.0f} s)"
+            say(f"checkpoint location {location}: taking over the lease of job {held['job']!r}: {why}")
     _write(location, job, s3=s3)
     now = read(location, s3=s3)
     if now is None or now["job"] != job:  # another fit() wrote between our read and our write

@@ -180,14 +180,64 @@ def inside(dest: str, rel: str) -> str:
 
 def download_tree(uri: str, dest: str, files: list[tuple[str, str, int]] | None = None) -> int:
     """Copy the objects under `uri` (or the given subset of `list_files(uri)`) into `dest`; returns bytes. Every
-    key is checked (`inside`) before anything is written."""
+    key is checked (`inside`, and no key is a folder of another) before anything is written, and every write is
+    made through folder descriptors that follow no symbolic link (`_write_inside`): a link planted in `dest`
+    while the download runs cannot lead a write out of it."""
     files = files if files is not None else list_files(uri)
-    paths = [inside(dest, rel) for _, rel, _ in files]
+    for _, rel, _ in files:
+        inside(dest, rel)
+    names = {rel for _, rel, _ in files}
+    for rel in names:
+        parts = rel.split("/")
+        clash = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in names), None)
+        if clash is not None:
+            raise UnsafeKey(f"the object keys {clash!r} and {rel!r} cannot both be written: {clash!r} would be a file "
+                            "and a folder; rename one (nothing was downloaded)")
+    os.makedirs(dest, exist_ok=True)
     total = 0
-    for (obj_uri, _, size), path in zip(files, paths):
-        get_file(obj_uri, path)
+    for obj_uri, rel, size in files:
+        _write_inside(obj_uri, dest, rel)
         total += size
     return total
+
+
+def _write_inside(obj_uri: str, dest: str, rel: str) -> None:
+    """The object at `obj_uri` written to `dest/rel`: each folder opened (made when missing) relative to its
+    parent's descriptor with O_NOFOLLOW, the file written beside its name and renamed in that folder."""
+    parts = rel.split("/")
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                raise UnsafeKey(f"the object key part {rel!r}: {part!r} in {dest} is a symbolic link or not a "
+                                "folder; not written") from None
+            os.close(fd)
+            fd = sub
+        name, tmp = parts[-1], f".{parts[-1]}.partial"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+        try:
+            with os.fdopen(out, "wb") as fh:
+                if obj_uri.startswith("s3://"):
+                    bucket, key = split_s3(obj_uri)
+                    s3_client().download_fileobj(bucket, key, fh)
+                else:
+                    with open(_local(obj_uri), "rb") as src:
+                        shutil.copyfileobj(src, fh)
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)  # over a link, the link itself is replaced
+        except BaseException:
+            try:
+                os.remove(tmp, dir_fd=fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)
 
 
 def output_prefix(output_path: str, job_name: str) -> str:

@@ -30,7 +30,15 @@ def check_s3_uri(field: str, uri: object) -> str:
         )
     if "//" in key or key.startswith("/"):
         raise ConfigError(field, f"{uri!r} contains an empty path segment ('//'); remove the extra slash")
+    if any(part in (".", "..") for part in key.split("/")):
+        raise ConfigError(field, f"{uri!r} has a '.' or '..' part: S3 keeps it as a name, and every download "
+                                 "refuses it; write the prefix itself, without it")
+    if _CONTROL.search(uri):
+        raise ConfigError(field, f"{uri!r} holds a control character (a NUL, a newline); write the URI without it")
     return uri
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_storage_uri(field: str, uri: object, schemes: tuple[str, ...] = ("s3", "file")) -> str:
@@ -48,6 +56,8 @@ def check_storage_uri(field: str, uri: object, schemes: tuple[str, ...] = ("s3",
     path = uri[len("file://") :]
     if not path.startswith("/"):
         raise ConfigError(field, f"{uri!r} must be an absolute path: file:///absolute/path")
+    if _CONTROL.search(uri):
+        raise ConfigError(field, f"{uri!r} holds a control character (a NUL, a newline); write the URI without it")
     return uri
 
 

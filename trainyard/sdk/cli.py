@@ -169,8 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
                   "trainyard image build\ntrainyard image push --region us-east-1")
     im_sub = im.add_subparsers(dest="image_cmd", required=True, metavar="SUBCOMMAND", title="subcommands")
     ib = _command(im_sub, "build", "build the image of a Trainyard checkout (skipped when built already)",
-                  "trainyard image build\ntrainyard image build --context ~/src/trainyard --repository my-trainyard",
-                  "The tag comes from the content (trainyard:0.1.0-3f2a9c1b7d4e); needs docker, podman or buildah.")
+                  "trainyard image build\ntrainyard image build --variant cpu\n"
+                  "trainyard image build --context ~/src/trainyard --repository my-trainyard",
+                  "The tag comes from the content (trainyard:0.1.0-3f2a9c1b7d4e); needs docker, podman or buildah. "
+                  "--variant cpu builds the CPU image on a Debian base (mmdebstrap; podman or buildah preferred), "
+                  "for local jobs (image_uri) and tests; the last line printed is the image's reference.")
+    ib.add_argument("--variant", choices=image.VARIANTS, default="gpu",
+                    help="gpu (CUDA and EFA: the cloud backends' image, default) or cpu (a Debian base)")
     ipu = _command(im_sub, "push", "build if needed, then push to ECR (skipped when ECR has the tag)",
                    "trainyard image push --region us-east-1\n"
                    "trainyard image push --registry 123456789012.dkr.ecr.us-east-1.amazonaws.com/trainyard",
@@ -284,7 +289,7 @@ def _run(a) -> int:
             print(path)
     elif a.cmd == "image":
         if a.image_cmd == "build":
-            print(image.build(a.context, a.repository))
+            print(image.build(a.context, a.repository, variant=a.variant))
         else:
             print(image.publish(a.context, a.repository, registry_uri=a.registry, session=_push_session(a)))
     elif a.cmd == "checkpoint":

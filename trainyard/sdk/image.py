@@ -1,9 +1,15 @@
 """The training image: a content-derived tag, a local build with docker (or buildah, or podman), a push to
 ECR that never pushes the same content twice.
 
-    ref = build(".")      # "trainyard:0.1.0-3f2a9c1b7d4e", built unless the builder has it already
+    ref = build(".")                  # "trainyard:0.1.0-3f2a9c1b7d4e", built unless the builder has it already
+    ref = build(".", variant="cpu")   # "trainyard:0.1.0-cpu-...": the CPU variant on a Debian base (image_base.py)
     uri = push(ref)       # "<account>.dkr.ecr.<region>.amazonaws.com/trainyard:0.1.0-3f2a9c1b7d4e"
     uri = publish(".")    # both, and neither when ECR has that tag already (`trainyard image push`)
+
+The CPU variant is built with podman or buildah (preferred for it: they mount this machine's pip configuration
+into the build, read-only and for the install steps only), or docker; its base is made once per machine. With
+podman and buildah the build runs with the host network, the image format that keeps SHELL, and open-file
+limits no higher than this process may set (root here cannot always raise them to what podman asks).
 
 The tag is `<SDK version>-<12 hex>`: a SHA-256 over the SDK version, the Dockerfile and every file the
 build context sends to the builder once `.dockerignore` has removed what it names (paths in a stable
@@ -30,12 +36,15 @@ from collections.abc import Callable, Mapping
 
 import trainyard
 from trainyard.job.errors import ImageError
+from trainyard.sdk import image_base
 
 DOCKERFILE = "trainyard/container/Dockerfile"  # relative to the build context (the repository root)
 DOCKERIGNORE = ".dockerignore"
 DEFAULT_REPOSITORY = "trainyard"
-BUILDERS = ("docker", "buildah", "podman")  # in order of preference
+BUILDERS = ("docker", "buildah", "podman")  # in order of preference (the CPU variant: podman, buildah, docker)
+VARIANTS = ("gpu", "cpu")
 BUILDER_ENV = "TRAINYARD_IMAGE_BUILDER"  # names one of BUILDERS to use it even when another comes first
+TORCH_VERSION = "2.13.0"  # the Dockerfile's ARG TORCH_VERSION and pyproject's pin (tests check all three)
 TAG_HEX = 12  # 48 bits of the digest: a collision among one project's images is not a practical concern
 _ECR_HOST = re.compile(r"^(?P<acct>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
 _DAEMON_DOWN = ("Cannot connect to the Docker daemon", "permission denied while trying to connect",
@@ -214,9 +223,11 @@ def _entry(path: str) -> bytes:
     return f"file {'x' if executable else '-'} {_file_digest(path)}".encode()
 
 
-def image_tag(context_dir: str, dockerfile: str = DOCKERFILE, *, version: str | None = None) -> str:
-    """`<version>-<12 hex>` from the SDK version, the Dockerfile and the context's files after
-    `.dockerignore`. `dockerfile` is relative to the context (or absolute)."""
+def image_tag(context_dir: str, dockerfile: str = DOCKERFILE, *, version: str | None = None, variant: str = "gpu",
+              extra: bytes = b"") -> str:
+    """`<version>-<12 hex>` (`<version>-cpu-<12 hex>` for the CPU variant) from the SDK version, the Dockerfile,
+    the context's files after `.dockerignore` and `extra` (the CPU variant: its base and pinned versions).
+    `dockerfile` is relative to the context (or absolute)."""
     root = os.path.abspath(context_dir)
     version = version or sdk_version()
     df = dockerfile if os.path.isabs(dockerfile) else os.path.join(root, dockerfile)
@@ -229,17 +240,22 @@ def image_tag(context_dir: str, dockerfile: str = DOCKERFILE, *, version: str | 
     h.update(b"dockerfile\0" + _entry(df) + b"\n")
     for rel in context_files(root):
         h.update(rel.encode() + b"\0" + _entry(os.path.join(root, rel)) + b"\n")
+    if variant != "gpu":
+        h.update(f"variant {variant}\n".encode() + extra)
     # a tag allows [A-Za-z0-9_.-]: a local version label such as 0.1.0+dirty becomes 0.1.0-dirty
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', version)}-{h.hexdigest()[:TAG_HEX]}"
+    middle = "" if variant == "gpu" else f"{variant}-"
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', version)}-{middle}{h.hexdigest()[:TAG_HEX]}"
 
 
 # -- builders --------------------------------------------------------------------------------------
 
 
 def find_builder(which: Callable[[str], str | None] = shutil.which,
-                 environ: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
-    """(name, argv prefix) of the image builder to use: docker, else buildah, else podman;
-    `TRAINYARD_IMAGE_BUILDER=buildah` picks one. Raises ImageError naming what to install."""
+                 environ: Mapping[str, str] | None = None, *, order: tuple[str, ...] = BUILDERS,
+                 runner: Runner | None = None) -> tuple[str, list[str]]:
+    """(name, argv prefix) of the image builder to use: the first of `order` on PATH (docker, else buildah, else
+    podman), skipping a docker whose daemon cannot be reached when `runner` is given and another builder is
+    there; `TRAINYARD_IMAGE_BUILDER=buildah` picks one. Raises ImageError naming what to install."""
     env = os.environ if environ is None else environ
     wanted = env.get(BUILDER_ENV, "").strip()
     if wanted:
@@ -249,10 +265,15 @@ def find_builder(which: Callable[[str], str | None] = shutil.which,
         if not path:
             raise ImageError(f"{BUILDER_ENV}={wanted} but {wanted} is not on PATH: install it or unset {BUILDER_ENV}")
         return wanted, [path]
-    for name in BUILDERS:
-        path = which(name)
-        if path:
-            return name, [path]
+    found = [(name, path) for name in order if (path := which(name))]
+    for i, (name, path) in enumerate(found):
+        if name == "docker" and runner is not None and i + 1 < len(found):
+            probe = runner([path, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True,
+                           check=False)
+            if probe.returncode != 0:
+                _say(f"docker's daemon cannot be reached: building with {found[i + 1][0]}")
+                continue
+        return name, [path]
     raise ImageError(
         "no image builder found: building the training image needs docker, buildah or podman on PATH, "
         "and none of them is. Install one of them: Docker Engine (https://docs.docker.com/engine/install/), "
@@ -289,15 +310,27 @@ def image_exists(name: str, base: list[str], ref: str, runner: Runner = subproce
 
 
 def build_command(name: str, base: list[str], context_dir: str, ref: str, dockerfile: str,
-                  version: str) -> list[str]:
+                  version: str, *, build_args: Mapping[str, str] | None = None, extra: list[str] = ()) -> list[str]:
     df = dockerfile if os.path.isabs(dockerfile) else os.path.join(context_dir, dockerfile)
     cmd = [*base, "build"]
     if name == "buildah":
         cmd.append("--layers")  # reuse unchanged layers as docker does (buildah squashes them by default)
-    return [*cmd, "--file", df, "--tag", ref,
-            "--build-arg", f"TRAINYARD_VERSION={version}",
+    args = [a for k, v in (build_args or {}).items() for a in ("--build-arg", f"{k}={v}")]
+    return [*cmd, *extra, "--file", df, "--tag", ref,
+            "--build-arg", f"TRAINYARD_VERSION={version}", *args,
             "--label", f"org.opencontainers.image.version={version}",
             context_dir]
+
+
+def _daemonless_options() -> list[str]:
+    """podman and buildah: the host network (no bridge needed to reach the package index), the docker image
+    format (OCI drops SHELL, and with it pipefail), and open-file limits this process may set."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard = hard if hard != resource.RLIM_INFINITY else 1048576
+    soft = soft if soft != resource.RLIM_INFINITY else hard
+    return ["--network", "host", "--format", "docker", "--ulimit", f"nofile={soft}:{hard}"]
 
 
 def _context_version(context_dir: str) -> str | None:
@@ -320,19 +353,44 @@ def _check_context_version(root: str) -> str:
 
 
 def build(context_dir: str = ".", repository: str = DEFAULT_REPOSITORY, *, dockerfile: str = DOCKERFILE,
-          runner: Runner = subprocess.run, which: Callable[[str], str | None] = shutil.which) -> str:
-    """Build the image of `context_dir` as `<repository>:<image_tag>`, unless the builder has it already.
-    Returns the reference."""
+          variant: str = "gpu", runner: Runner = subprocess.run, which: Callable[[str], str | None] = shutil.which,
+          pip_settings: dict[str, str] | None = None) -> str:
+    """Build the image (`variant` "gpu" or "cpu") of `context_dir` as `<repository>:<image_tag>`, unless the
+    builder has it already. Returns the reference."""
+    if variant not in VARIANTS:
+        raise ImageError(f"variant {variant!r}: one of {', '.join(VARIANTS)}")
     root = os.path.abspath(context_dir)
     version = _check_context_version(root)
-    tag = image_tag(root, dockerfile, version=version)
-    ref = f"{repository}:{tag}"
-    name, base = find_builder(which)
+    if variant == "gpu":
+        tag = image_tag(root, dockerfile, version=version)
+        name, base = find_builder(which)
+        return _build(name, base, root, f"{repository}:{tag}", dockerfile, version, runner)
+    name, base = find_builder(which, order=("podman", "buildah", "docker"), runner=runner)
+    base_ref = image_base.ensure_base(name, base, runner, which, exists=lambda r: image_exists(name, base, r, runner))
+    mounts = image_base.pip_mounts(TORCH_VERSION, pip_settings) if name != "docker" else None
+    try:
+        pinned = open(os.path.join(mounts.folder, "constraints.txt"), "rb").read() if mounts else b""
+        tag = image_tag(root, dockerfile, version=version, variant="cpu", extra=base_ref.encode() + b"\0" + pinned)
+        build_args = {"VARIANT": "cpu", "CPU_BASE": base_ref}
+        extra: list[str] = []
+        if mounts is not None:
+            extra = [*_daemonless_options(), *mounts.args()]
+            if mounts.torch_wheel_here:
+                build_args["TORCH_INDEX"] = "pip"  # this machine's pip has the CPU wheel: no PyTorch index
+        return _build(name, base, root, f"{repository}:{tag}", dockerfile, version, runner, build_args, extra)
+    finally:
+        if mounts is not None:
+            mounts.close()
+
+
+def _build(name: str, base: list[str], root: str, ref: str, dockerfile: str, version: str, runner: Runner,
+           build_args: Mapping[str, str] | None = None, extra: list[str] = ()) -> str:
     if image_exists(name, base, ref, runner):
         _say(f"{ref} exists already ({name}): same content, not rebuilt")
         return ref
     _say(f"building {ref} with {name} from {root}")
-    r = runner(build_command(name, base, root, ref, dockerfile, version), check=False)
+    r = runner(build_command(name, base, root, ref, dockerfile, version, build_args=build_args, extra=list(extra)),
+               check=False)
     if r.returncode != 0:
         raise ImageError(f"{name} build of {ref} failed with exit status {r.returncode}; its output is above")
     _say(f"built {ref}")

@@ -8,7 +8,9 @@ answers only requests signed with the owner's key (`store_auth.py`).
 from __future__ import annotations
 
 import fcntl
+import hmac
 import json
+import secrets
 import os
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from trainyard.sdk.store_auth import credentials, private_folder
+from trainyard.sdk.store_auth import Credentials, credentials, private_folder, proof
 from trainyard.sdk.store_server import DEFAULT_BUCKET, HEALTH_PATH
 
 START_TIMEOUT_S = 60.0  # first start imports moto and reloads persisted objects
@@ -59,15 +61,27 @@ def store_root() -> str:
     return os.path.join(trainyard_home(), "store")
 
 
-def healthy(url: str, timeout: float = 2.0, key_id: str | None = None) -> bool:
-    """Whether a store answers at `url` (with `key_id`: the store of that key, not another on a reused port)."""
+def healthy(url: str, timeout: float = 2.0, creds: Credentials | None = None) -> bool:
+    """Whether a store answers at `url`; with `creds`, the store of that key: it proves it holds the secret by its
+    HMAC of a fresh nonce (another user's server on a reused port cannot)."""
+    nonce = secrets.token_hex(16)
     try:
-        with urllib.request.urlopen(url + HEALTH_PATH, timeout=timeout) as r:
+        with urllib.request.urlopen(f"{url}{HEALTH_PATH}?nonce={nonce}", timeout=timeout) as r:
             if r.status != 200:
                 return False
-            return key_id is None or json.loads(r.read()).get("key") == key_id
+            answer = json.loads(r.read())
     except (OSError, ValueError):
         return False
+    return creds is None or hmac.compare_digest(str(answer.get("proof", "")), proof(creds, nonce))
+
+
+def keep_alive(endpoint: Endpoint) -> None:
+    """A signed request to the embedded store (only the owner's requests keep it from idling out); errors are
+    left to the job's own requests to report."""
+    try:
+        endpoint.client().list_buckets()
+    except Exception:  # noqa: BLE001 - a ping
+        pass
 
 
 def _running_url(root: str) -> str | None:
@@ -76,7 +90,7 @@ def _running_url(root: str) -> str | None:
             url = json.load(fh)["url"]
     except (OSError, ValueError, KeyError):
         return None
-    return url if healthy(url, key_id=credentials(root).access_key_id) else None
+    return url if healthy(url, creds=credentials(root)) else None
 
 
 def ensure_store() -> Endpoint:
@@ -85,6 +99,7 @@ def ensure_store() -> Endpoint:
     if configured:
         return Endpoint(configured, embedded=False)
     root = store_root()
+    private_folder(trainyard_home())  # the owner's alone from the first use, not only from the first fit()
     private_folder(root)
     url = _running_url(root)
     if url:
@@ -132,7 +147,7 @@ def stop_store() -> bool:
             info = json.load(fh)
     except (OSError, ValueError):
         return False
-    if not healthy(info["url"], key_id=credentials(root).access_key_id):
+    if not healthy(info["url"], creds=credentials(root)):
         return False  # not running, or another store took its port: nothing of ours to stop
     os.kill(info["pid"], 15)
     deadline = time.monotonic() + 10

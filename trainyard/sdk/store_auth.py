@@ -135,8 +135,13 @@ def _fields(environ: dict, query: str) -> dict[str, str]:
     return fields
 
 
-def verify(environ: dict, body: bytes, creds: Credentials, now: datetime.datetime | None = None) -> None:
-    """Refused unless the WSGI request `environ` (its body read into `body`) is signed with `creds`."""
+def verify(environ: dict, body: bytes | None, creds: Credentials, now: datetime.datetime | None = None, *,
+           hosts: tuple[str, ...] = ()) -> str:
+    """Refused unless the WSGI request `environ` is signed with `creds`, for a host in `hosts` (when given: a
+    request signed for another address, captured there, is not replayed here). `body`: the request's body, checked
+    against the payload hash the signature covers; None checks the signature only (before a body is read, so
+    that a request without the key costs no memory) and returns the hash to check the body against ("" when the
+    payload is unsigned)."""
     raw = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
     path, _, query = raw.partition("?")
     fields = _fields(environ, query)
@@ -152,18 +157,22 @@ def verify(environ: dict, body: bytes, creds: Credentials, now: datetime.datetim
         raise Refused("AccessDenied", f"bad X-Amz-Date {fields['date']!r}") from None
     now = now or datetime.datetime.now(datetime.timezone.utc)
     age = (now - signed_at).total_seconds()
-    limit = int(fields["presigned"]) if fields["presigned"] else MAX_SKEW_S
+    try:
+        limit = int(fields["presigned"]) if fields["presigned"] else MAX_SKEW_S
+    except ValueError:
+        raise Refused("AuthorizationQueryParametersError", "X-Amz-Expires must be a number of seconds") from None
     if age > limit or age < -MAX_SKEW_S:
         raise Refused("RequestTimeTooSkewed" if not fields["presigned"] else "AccessDenied",
                       "the request's signature is too old (or dated in the future)")
     names = [n for n in fields["signed"].split(";") if n]
     if "host" not in names:
         raise Refused("AccessDenied", "the signature must cover the host header")
+    if hosts and (_header(environ, "host") or "") not in hosts:
+        raise Refused("AccessDenied", "the request was signed for another address than this store's")
     headers = "".join(f"{n}:{' '.join((_header(environ, n) or '').split())}\n" for n in names)
     payload = fields["payload"]
-    if payload not in _UNSIGNED:
-        if hashlib.sha256(body).hexdigest() != payload:
-            raise Refused("XAmzContentSHA256Mismatch", "the body is not the one the request signed")
+    if payload not in _UNSIGNED and body is not None:
+        check_body(body, payload)
     canonical = "\n".join([environ.get("REQUEST_METHOD", "GET"), path or "/",
                            _canonical_query(query, drop="X-Amz-Signature" if fields["presigned"] else None),
                            headers, ";".join(names), payload])
@@ -172,3 +181,16 @@ def verify(environ: dict, body: bytes, creds: Credentials, now: datetime.datetim
                     hashlib.sha256).hexdigest()
     if not hmac.compare_digest(want, fields["signature"]):
         raise Refused("SignatureDoesNotMatch", "the request's signature is not the store key's")
+    return "" if payload in _UNSIGNED else payload
+
+
+def check_body(body: bytes, payload_hash: str) -> None:
+    if hashlib.sha256(body).hexdigest() != payload_hash:
+        raise Refused("XAmzContentSHA256Mismatch", "the body is not the one the request signed")
+
+
+def proof(creds: Credentials, nonce: str) -> str:
+    """What the store answers to a health check's nonce: only the holder of the secret can compute it, so a client
+    tells its own store from another user's server on the same port."""
+    return hmac.new(creds.secret_access_key.encode(), b"trainyard-store-health\0" + nonce.encode(),
+                    hashlib.sha256).hexdigest()

@@ -12,10 +12,12 @@ moto keeps objects in memory; this wrapper makes it behave like a store:
   a DELETE) of a missing bucket is answered as S3 answers it (NoSuchBucket) and creates nothing, so a
   check that reads never leaves a bucket behind (the SDK creates the buckets a job writes to, after
   `fit()`'s checks: sdk/local.py);
-- `GET /_trainyard/health` answers with the server's pid and its key's id, so that a client finds its own
-  store and not another user's on a reused port (the one request that needs no key);
-- every other request must be signed with the owner's key (`store_auth.py`): any other is answered 403, as
-  S3 answers it; moto's management API (`/moto-api/`, whose reset wipes the store) is not served, and no
+- `GET /_trainyard/health?nonce=N` answers with the server's pid, its key's id and an HMAC of N under its
+  secret, so that a client tells its own store from another user's server on a reused port (the one request
+  that needs no key);
+- every other request must be signed with the owner's key (`store_auth.py`), for this server's own address
+  (a request signed for another port is not replayed here), its signature checked before its body is read:
+  any other is answered 403, as S3 answers it; only the owner's requests keep the server from idling out; moto's management API (`/moto-api/`, whose reset wipes the store) is not served, and no
   response carries CORS headers (a web page in a browser cannot use the store);
 - the store folder is the owner's alone: the server runs with umask 077 (objects and indexes 0600, folders
   0700) and tightens what an older version left readable;
@@ -32,10 +34,11 @@ import signal
 import sys
 import threading
 import time
+from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
 from trainyard.job.jsonio import write_json
-from trainyard.sdk.store_auth import Credentials, Refused, credentials, private_folder, verify
+from trainyard.sdk.store_auth import Credentials, Refused, check_body, credentials, private_folder, proof, verify
 
 DEFAULT_BUCKET = "trainyard-default"
 HEALTH_PATH = "/_trainyard/health"
@@ -173,13 +176,16 @@ class StoreApp:
         self.root = root
         self.creds = creds
         self.last_request = time.monotonic()
+        self.hosts: tuple[str, ...] = ()
+        """The Host headers a request may be signed for: this server's own addresses (set once it listens)."""
 
     def __call__(self, environ, start_response):
-        self.last_request = time.monotonic()
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
-        if path == HEALTH_PATH:  # the key's id says whose store this is (an id, not the secret)
-            body = json.dumps({"pid": os.getpid(), "key": self.creds.access_key_id}).encode()
+        if path == HEALTH_PATH:  # proof of the key for the caller's nonce: whose store this is (store.healthy)
+            nonce = dict(parse_qsl(environ.get("QUERY_STRING", ""))).get("nonce", "")[:128]
+            body = json.dumps({"pid": os.getpid(), "key": self.creds.access_key_id,
+                               "proof": proof(self.creds, nonce) if nonce else ""}).encode()
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
         if path.startswith("/moto-api"):
@@ -188,11 +194,14 @@ class StoreApp:
             return _error(start_response, "403 Forbidden", "AccessDenied", "no cross-origin requests")
         from werkzeug.wsgi import get_input_stream
 
-        payload = get_input_stream(environ).read()
-        try:
-            verify(environ, payload, self.creds)
+        try:  # the signature first: a request without the key is refused before its body is read
+            signed_hash = verify(environ, None, self.creds, hosts=self.hosts)
+            payload = get_input_stream(environ).read()
+            if signed_hash:
+                check_body(payload, signed_hash)
         except Refused as e:
             return _error(start_response, "403 Forbidden", e.code, str(e))
+        self.last_request = time.monotonic()  # only the owner's requests keep the store alive
         environ["wsgi.input"] = io.BytesIO(payload)
         environ["CONTENT_LENGTH"] = str(len(payload))
         environ.pop("HTTP_TRANSFER_ENCODING", None)
@@ -252,6 +261,7 @@ def serve(root: str, idle_timeout: float, port: int = 0) -> None:
     app = StoreApp(DomainDispatcherApplication(create_backend_app), mirror, root, creds)
     server = make_server("127.0.0.1", port, app, threaded=True, request_handler=QuietHandler)
     url = f"http://127.0.0.1:{server.server_port}"
+    app.hosts = (f"127.0.0.1:{server.server_port}", f"localhost:{server.server_port}")
     info = {"pid": os.getpid(), "url": url, "port": server.server_port, "started": time.time()}
     write_json(f"{root}/server.json", info)
     print(f"trainyard store: {url}, {count} objects reloaded from {root}", flush=True)

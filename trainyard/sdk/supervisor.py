@@ -41,7 +41,7 @@ from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.sdk import netem
 from trainyard.sdk.netem import in_host
-from trainyard.sdk.store import healthy
+from trainyard.sdk.store import Endpoint, keep_alive
 
 POLL_S = 0.1
 FAILURE_SETTLE_S = 2.0  # after the first host fails, how long the others get to report their own end
@@ -298,7 +298,7 @@ class Supervisor:
                 return self.stop_reason
             self.record_phases()
             if time.monotonic() > next_ping and self.runtime.get("embedded_store"):
-                healthy(self.runtime["env"]["AWS_ENDPOINT_URL"])
+                keep_alive(Endpoint(self.runtime["env"]["AWS_ENDPOINT_URL"], embedded=True))
                 next_ping = time.monotonic() + STORE_PING_S
             time.sleep(POLL_S)
 
