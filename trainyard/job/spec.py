@@ -139,7 +139,8 @@ class JobSpec(BaseModel):
     """With distribution "auto": the planner's choice (trainyard/job/plan/auto.py `record`), shown by describe()."""
     # EC2 jobs
     image_uri: str | None = None
-    """The training image (ECR), whose entrypoint is the driver; EC2 jobs only."""
+    """The training image (ECR) that EC2 hosts run; for instance_type "local", an image of this machine's
+    engine each local host runs in (the CPU variant)."""
     subnets: tuple[str, ...] = ()
     """Subnets to launch in, tried in order on a capacity error; empty: a one-zone subnet is created."""
     network: Network | None = None
@@ -419,8 +420,10 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _ec2(self) -> "JobSpec":
         local = catalog.lookup(self.instance_type).is_local
+        # image_uri on instance_type "local": its hosts run in containers of the image (sdk/containers.py)
         given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait", "security_group_ids",
-                             "capacity_reservation_id", "kubernetes") if getattr(self, f)]
+                             "capacity_reservation_id", "kubernetes") if getattr(self, f)
+                 and not (f == "image_uri" and self.instance_type == "local")]
         if local and given:
             raise ValueError(f"{given[0]}: only for EC2 instance types; local jobs run in this Python environment")
         fsx = [c.name for c in self.channels if c.uri.startswith("fsx://")]

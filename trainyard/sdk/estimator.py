@@ -67,7 +67,8 @@ INERT_UNLESS = {
     "compiler_config": (None,),
     "enable_sagemaker_metrics": (None, True, False),
 }
-# EC2 arguments that SageMaker's local mode ignores: accepted and reported for local jobs
+# EC2 arguments that SageMaker's local mode ignores: accepted and reported for local jobs (image_uri but for
+# instance_type "local": its hosts then run in containers of the image)
 EC2_ONLY = ("image_uri", "subnets", "security_group_ids", "use_spot_instances", "max_wait", "volume_size",
             "capacity_reservation_id", "network")
 EC2_DEFAULTS = {"image_uri": None, "subnets": None, "security_group_ids": None, "use_spot_instances": False,
@@ -164,9 +165,13 @@ class Estimator:
         ec2 = dict(image_uri=image_uri, subnets=subnets, security_group_ids=security_group_ids,
                    use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size,
                    capacity_reservation_id=capacity_reservation_id, network=network)
-        if local:
-            inert += [k for k in EC2_ONLY if ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
-            ec2 = dict(EC2_DEFAULTS)
+        if local:  # image_uri runs local hosts in containers of that image (sdk/containers.py); the rest is EC2's
+            if image_uri is not None and instance_type != "local":
+                raise ConfigError("image_uri", f"local hosts run in an image on instance_type 'local' (the CPU image); "
+                                               f"{instance_type!r} runs them as processes of this machine: drop "
+                                               "image_uri, or use instance_type='local'")
+            inert += [k for k in EC2_ONLY if k != "image_uri" and ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
+            ec2 = {**EC2_DEFAULTS, "image_uri": image_uri}
         self.git_config = git_config
         self._repo = gitsource.clone(git_config) if git_config else None
         if self._repo is not None:

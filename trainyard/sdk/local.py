@@ -14,10 +14,12 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import trainyard
 from trainyard.job import storage
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec, build_spec
 from trainyard.job.uris import check_s3_uri, split_s3
+from trainyard.sdk import containers
 from trainyard.sdk.job import TrainingJob
 from trainyard.sdk.jobstate import Status, job_dir, write_json
 from trainyard.sdk.store import Endpoint, ensure_store, trainyard_home
@@ -64,6 +66,8 @@ class LocalBackend:
             raise ConfigError("instance_count", f"{spec.instance_count} host(s) x {spec.processes_per_host} process(es) "
                                                 f"= {spec.world_size} processes on this machine ({os.cpu_count()} "
                                                 f"cores); local jobs run at most {cap} ({CAP_ENV} raises it)")
+        if spec.image_uri:  # the hosts in containers: the engine and the image, before anything is made
+            containers.check_image(containers.find_engine(), spec.image_uri, trainyard.__version__)
         path = spec.checkpoint_local_path
         if spec.checkpoint_s3_uri and not (path == "/opt/ml" or path.startswith("/opt/ml/")):
             raise ConfigError("checkpoint_local_path", f"{path!r}: a local job's hosts share this machine's files, so a "

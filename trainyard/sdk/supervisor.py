@@ -29,6 +29,8 @@ from trainyard.container import hostnames
 from trainyard.container.contract import render_contract, write_contract
 from trainyard.container.failure import ECHO_SETTLE_S, FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
 from trainyard.container.hang import HangWatch, respond
+from trainyard.container.hostnames import RESOLVES_ENV
+from trainyard.container.lifeline import ENV as LIFELINE_ENV
 from trainyard.container.lifeline import HOST_LOG_ENV, Lifeline, descendants, signal_all
 from trainyard.container.phases import REQUESTED_ENV, PhaseLog, merge, read_phases, settle
 from trainyard.container.staging import list_channel, stage_channel
@@ -39,7 +41,7 @@ from trainyard.job import space
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
-from trainyard.sdk import netem
+from trainyard.sdk import containers, netem
 from trainyard.sdk.netem import in_host
 from trainyard.sdk.store import Endpoint, keep_alive
 
@@ -99,6 +101,8 @@ class Supervisor:
         self.hang_reason = ""
         self.phase_files: dict[str, tuple] = {}  # host -> (its driver's phases file's stamp, its entries)
         self.lifeline = Lifeline()  # the drivers stop their ranks when this process ends (container/lifeline.py)
+        # with image_uri: each host is a container of the image (sdk/containers.py)
+        self.engine = containers.find_engine() if self.spec.image_uri else None
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_reason = self.stop_reason or "Stopped"
@@ -172,9 +176,11 @@ class Supervisor:
     def start_drivers(self, private: bool) -> None:
         """One driver per host. Each starts through the host-names launcher (trainyard/container/hostnames.py):
         `algo-1`..`algo-N` resolve on every host, to loopback or, with the emulated network, to the hosts'
-        addresses; the launcher's first line in the host's log says how."""
+        addresses; the launcher's first line in the host's log says how. With image_uri, in a container each."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.driver_env}
         addrs = [self.plan.host_addr(i) if self.plan else "127.0.0.1" for i in range(self.spec.instance_count)]
+        if self.engine is not None:
+            return self.start_containers(dict(zip(self.spec.hosts, addrs)))
         hosts_file, shim_dir = hostnames.prepare(dict(zip(self.spec.hosts, addrs)), f"{self.jobdir}/hostnames")
         for i, host in enumerate(self.spec.hosts):
             hostdir = f"{self.jobdir}/hosts/{host}"
@@ -194,6 +200,32 @@ class Supervisor:
             host_env = {**env, REQUESTED_ENV: now_iso(), HOST_LOG_ENV: f"{self.jobdir}/logs/{host}.log"}
             p = subprocess.Popen(cmd, env=host_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, cwd=hostdir, pass_fds=self.lifeline.hand_over(host_env))
+            self.pumps.append(LinePump(p.stdout, f"{self.jobdir}/logs/{host}.log"))
+            self.drivers[p.pid] = p
+
+    def start_containers(self, addresses: dict[str, str]) -> None:
+        """One container of the job's image per host, running its driver (sdk/containers.py): the job's own
+        settings in its environment (the endpoint and key, the cache, TRAINYARD_* settings), nothing else of
+        this process's."""
+        base = {k: v for k, v in os.environ.items() if k.startswith("TRAINYARD_")}
+        job_env = {**base, **self.runtime.get("env", {}), **self.driver_env, "PYTHONUNBUFFERED": "1",
+                   RESOLVES_ENV: "1", LIFELINE_ENV: str(containers.LIFELINE_FD)}
+        job_env.pop("TRAINYARD_HOME", None)
+        cache = self.runtime.get("env", {}).get("TRAINYARD_REQUIREMENTS_CACHE")
+        if cache:
+            os.makedirs(cache, exist_ok=True)
+        for i, host in enumerate(self.spec.hosts):
+            host_env = {**job_env, REQUESTED_ENV: now_iso(), HOST_LOG_ENV: f"{self.jobdir}/logs/{host}.log"}
+            run = containers.run_command(
+                self.engine, self.spec.image_uri, job=self.spec.job_name, host=host, jobdir=self.jobdir,
+                hostdir=f"{self.jobdir}/hosts/{host}", addresses=addresses, env=host_env,
+                netns=self.plan.host_ns(i) if self.plan else None, mounts=(cache,) if cache else (),
+                driver_args=["--root", MOUNT_POINT, "--log-dir", f"{self.jobdir}/torchrun/{host}",
+                             "--status-file", f"{self.jobdir}/hosts/{host}.status.json",
+                             "--phases-file", self._phases_file(host)])
+            fd = self.lifeline.read_fd
+            p = subprocess.Popen(containers.with_lifeline_at_3(run, fd), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(fd,))
             self.pumps.append(LinePump(p.stdout, f"{self.jobdir}/logs/{host}.log"))
             self.drivers[p.pid] = p
 
@@ -259,6 +291,10 @@ class Supervisor:
         self.kill_everything()
 
     def kill_everything(self) -> None:
+        if self.engine is not None:  # the containers are the engine's children, not ours: removed by label
+            left = containers.remove_all(self.engine, self.spec.job_name)
+            if left:
+                _log(f"warning: could not remove the containers {left}")
         for _ in range(5):  # processes may fork while we kill: repeat until none is left
             left = descendants(os.getpid())
             if not left:
@@ -419,7 +455,8 @@ class Supervisor:
         outcome, reason = "Failed", ""
         try:
             st.transition("PreparingTrainingStack", "Preparing the hosts: /opt/ml, network, contract files")
-            private = self.runtime.get("private_opt_ml", True) and private_opt_ml_works(self.jobdir)
+            private = self.engine is not None or (  # a container sees its host's folder at /opt/ml
+                self.runtime.get("private_opt_ml", True) and private_opt_ml_works(self.jobdir))
             st.update(PrivateOptMl=private)
             if spec.emulated_network is not None:
                 self.network_up()
