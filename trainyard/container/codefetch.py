@@ -1,7 +1,8 @@
 """The job's code on a host: `sourcedir.tar.gz` fetched, checked against the SHA-256 its name carries
 (`job/codearchive.py`), and extracted into the code folder with nothing but regular files and folders.
 
-Python's own `data` filter is applied too, but not relied on: in Python 3.11.7 it can be bypassed with
+Python's own `data` filter is applied too where the Python has it (3.11.4 and later; the CPU image's Debian
+Python 3.11.2 has none), but not relied on: in Python 3.11.7 it can be bypassed with
 crafted symbolic and hard links (CVE-2025-4517), and the SDK's archives hold only regular files. So a member
 that is a link, a device or a FIFO, an absolute name, a `..` part, or a name longer than the file system
 takes is refused before anything is written, naming the member.
@@ -56,4 +57,7 @@ def extract(data: bytes, code_dir: str) -> None:
         if len(files) != sum(1 for m in members if m.isreg()):
             raise UnsafeArchive("the code archive holds a file twice; not extracted")
         os.makedirs(code_dir, exist_ok=True)
-        tar.extractall(code_dir, members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later (Debian 12's 3.11.2 has no filters)
+            tar.extractall(code_dir, members=members, filter="data")
+        else:  # the checks above admit regular files and folders with plain relative names only
+            tar.extractall(code_dir, members=members)

@@ -1,0 +1,142 @@
+"""Local jobs inside the CPU image (`image_uri` with instance_type "local"): a 2 x 2 built-in trainer job trains as
+in host mode, a SageMaker-style script with requirements.txt runs on 2 hosts, and a failing rank, a hung rank
+and stop() are reported and cleaned up as in host mode, leaving no container, network or mount of the job."""
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from trainyard import Estimator
+from trainyard.job.errors import JobFailedError
+
+from .conftest import leftovers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "container"))
+from wheels import make_wheel  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+HPS = {"model": "tiny", "steps": 3, "global_batch_size": 8, "seq_len": 32, "seed": 5, "dtype": "float32"}
+
+
+def _losses(job) -> list[float]:
+    return [r["loss"] for r in job.metrics()]
+
+
+def test_a_2x2_mics_job_trains_in_the_image_as_in_host_mode(engine, cpu_image):
+    runs = {}
+    for mode, extra in (("image", {"image_uri": cpu_image}), ("host", {})):
+        est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
+                        processes_per_host=2, distribution={"mics": {"partition_group_size": 2}}, hyperparameters=HPS,
+                        max_run=300, **extra)
+        started = time.monotonic()
+        est.fit(logs="None")
+        runs[mode] = (est.latest_training_job, time.monotonic() - started)
+    image_job, host_job = runs["image"][0], runs["host"][0]
+    assert image_job.status() == host_job.status() == "Completed"
+    assert len(_losses(image_job)) == 3
+    assert _losses(image_job) == pytest.approx(_losses(host_job), rel=1e-6, abs=1e-6)
+    assert "driver: launching" in image_job.log_text() and "--master-addr algo-1" in image_job.log_text()
+    assert leftovers(engine, image_job.name) == {}
+    print(f"2 x 2 job: {runs['image'][1]:.1f} s in the image, {runs['host'][1]:.1f} s as processes")
+
+
+SCRIPT = textwrap.dedent('''\
+    import json, os, socket
+    import torch.distributed as dist
+    import tinypkg  # from requirements.txt: a wheel in the code
+    hosts = json.loads(os.environ["SM_HOSTS"])
+    me = os.environ["SM_CURRENT_HOST"]
+    assert os.environ["SM_MODEL_DIR"] == "/opt/ml/model" and os.path.isdir("/opt/ml/input/config")
+    addrs = {h: socket.gethostbyname(h) for h in hosts}  # algo-N resolve in the container
+    dist.init_process_group("gloo")
+    import torch
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    print(f"{me} of {hosts}: world {dist.get_world_size()}, sum {t.item():.0f}, tinypkg {tinypkg.VERSION}, "
+          f"master {os.environ['MASTER_ADDR']}, {addrs}", flush=True)
+    if dist.get_rank() == 0:
+        open("/opt/ml/model/result.json", "w").write(json.dumps({"sum": t.item()}))
+    dist.destroy_process_group()
+''')
+
+
+def test_a_sagemaker_style_script_with_requirements_runs_in_the_image_on_two_hosts(engine, cpu_image, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(SCRIPT)
+    wheel = make_wheel(str(src / "wheels"), "tinypkg", "0.3")
+    (src / "requirements.txt").write_text(f"./wheels/{os.path.basename(wheel)}\n")
+    est = Estimator(entry_point="train.py", source_dir=str(src), instance_type="local", instance_count=2,
+                    processes_per_host=2, image_uri=cpu_image, max_run=300)
+    est.fit(logs="None")
+    job = est.latest_training_job
+    logs = job.log_text()
+    for host in ("algo-1", "algo-2"):
+        assert f"{host} of ['algo-1', 'algo-2']: world 4, sum 10, tinypkg 0.3, master algo-1" in logs, logs[-3000:]
+    from .conftest import ROOT  # noqa: F401  (the store's objects are read with the SDK's own helpers)
+    from tests.e2e.helpers import read_tar
+
+    assert json.loads(read_tar(est.model_data)["result.json"]) == {"sum": 10.0}
+    assert leftovers(engine, job.name) == {}
+
+
+FAIL = textwrap.dedent('''\
+    import os
+    if os.environ["SM_CURRENT_HOST"] == "algo-2" and os.environ["LOCAL_RANK"] == "1":
+        raise ValueError("boom-in-image: the data is corrupt")
+    import time; time.sleep(30)
+''')
+LONG = "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(0.1)\n"
+
+
+def _beat(job, host, rank):
+    try:
+        with open(f"{job.dir}/torchrun/{host}/heartbeat/rank-{rank}.json") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_failing_rank_a_hung_rank_and_stop_are_reported_and_cleaned_up(engine, cpu_image, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "fail.py").write_text(FAIL)
+    (src / "long.py").write_text(LONG)
+    common = dict(source_dir=str(src), instance_type="local", instance_count=2, processes_per_host=2,
+                  image_uri=cpu_image, max_run=300)
+    # a failing rank: named with its host, rank and exception
+    est = Estimator(entry_point="fail.py", **common)
+    with pytest.raises(JobFailedError):
+        est.fit(logs="None")
+    failed = est.latest_training_job
+    reason = failed.describe()["FailureReason"]
+    assert "algo-2" in reason and "rank 3" in reason and "ValueError: boom-in-image" in reason, reason
+    # a hung rank (SIGSTOP by its pid: the containers share this machine's pids): found and named
+    hung = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
+                     processes_per_host=2, image_uri=cpu_image, max_run=300, hang_timeout_s=6,
+                     hyperparameters={**HPS, "steps": 100000, "log_every": 50}).fit(wait=False)
+    deadline = time.monotonic() + 120
+    beat = None
+    while time.monotonic() < deadline and not (beat and (beat.get("step") or 0) >= 2):
+        beat = _beat(hung, "algo-2", 3)
+        time.sleep(0.2)
+    assert beat, hung.log_text()[-3000:]
+    os.kill(beat["pid"], signal.SIGSTOP)
+    with pytest.raises(JobFailedError) as e:
+        hung.wait(logs="None")
+    assert str(e.value).count("Hang: rank 3 (algo-2) stopped") == 1, str(e.value)
+    # stop(): the job ends Stopped
+    est = Estimator(entry_point="long.py", **common)
+    job = est.fit(wait=False)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "step 3" not in job.log_text():
+        time.sleep(0.2)
+    job.stop()
+    assert job.status() == "Stopped"
+    for j in (failed, hung, job):
+        assert leftovers(engine, j.name) == {}, j.name
