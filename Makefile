@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # checkov pins an old boto3: it gets a virtualenv of its own (infra/checkov.sh creates it)
 CHECKOV := .venv-checkov/bin/checkov
 
-.PHONY: demo test test-fast bench install checkov browser
+.PHONY: demo test test-fast bench install checkov browser containers
 
 install: $(STAMP)
 
@@ -33,8 +33,19 @@ browser:
 	  (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	   (apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium))) || true
 
+# the image tests (tests/image) build the CPU image and run jobs in it: podman (with runc: crun 1.8 refuses hybrid
+# cgroup v1/v2 hosts), buildah and mmdebstrap, from Debian's packages; best effort as for the browser: without
+# them those tests say so and skip
+CONTAINER_TOOLS := podman buildah mmdebstrap runc
+containers:
+	@missing=""; for t in $(CONTAINER_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	  [ -z "$$missing" ] || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	    (apt-get install -y -q $$missing || \
+	     (apt-get update -q && apt-get install -y -q $$missing)); } || \
+	  echo "make containers: could not install$$missing (needs root and apt-get); the image tests will skip"
+
 # --durations: the slowest cases in every run's log, to keep the suite within its 40-minute budget
-test: $(STAMP) $(CHECKOV) browser
+test: $(STAMP) $(CHECKOV) browser containers
 	$(PY) -m pytest --durations=25
 
 test-fast: $(STAMP)

@@ -39,7 +39,7 @@ def cpu_image(engine):
 def run_in(engine, ref: str, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """`<engine> run --rm <ref> ARGS` with this machine's limits (sdk/containers.py), output captured."""
     name, path = engine
-    cmd = [path, "run", "--rm", *containers._limits(), *kw.pop("options", []), ref, *args]
+    cmd = [path, "run", "--rm", *containers.run_options(engine), *kw.pop("options", []), ref, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
 
 

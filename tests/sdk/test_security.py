@@ -150,6 +150,33 @@ def test_requests_signed_for_another_address_or_without_a_key_are_refused_before
     assert b" 403 " in answer.split(b"\r\n")[0] and time.monotonic() - started < 3
 
 
+
+def test_ec2_and_logs_requests_are_checked_against_their_bodys_hash(own_store):
+    """EC2 and CloudWatch Logs (the node agent's calls) sign their body's hash without sending it in a header."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    creds = json.loads(open(os.path.join(store.store_root(), "credentials.json")).read())
+    kw = dict(endpoint_url=own_store.url, region_name="us-east-1", aws_access_key_id=creds["access_key_id"],
+              aws_secret_access_key=creds["secret_access_key"])
+    ec2, logs = boto3.client("ec2", **kw), boto3.client("logs", **kw)
+    run = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g5.xlarge")
+    assert ec2.describe_instances()["Reservations"][0]["Instances"][0]["InstanceId"] == run["Instances"][0]["InstanceId"]
+    logs.create_log_group(logGroupName="g")
+    assert [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]] == ["g"]
+    # the body changed after signing (a request captured and replayed with other parameters): refused
+    victim = run["Instances"][0]["InstanceId"]
+    other = victim[:-1] + ("0" if victim[-1] != "0" else "1")
+    tampered = boto3.client("ec2", **kw)
+    tampered.meta.events.register("before-send.ec2.TerminateInstances",
+                                  lambda request, **_: setattr(request, "body", request.body.replace(other, victim)))
+    with pytest.raises(ClientError) as e:
+        tampered.terminate_instances(InstanceIds=[other])
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert ec2.describe_instances()["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
+    with pytest.raises(ClientError):  # another key
+        boto3.client("ec2", **{**kw, "aws_secret_access_key": "x" * 40}).describe_instances()
+
 def test_a_replaced_code_archive_is_uploaded_again_and_refused_by_the_driver(own_store, tmp_path, capsys, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()

@@ -20,12 +20,16 @@ A host's container:
 - gets the supervisor's lifeline as its descriptor 3 (`--preserve-fds 1`): when the supervisor ends, the driver
   inside kills its ranks, as in host mode;
 - has the open-file and process limits this process has (podman asks for more than root may set on some
-  machines) and a /dev/shm of SHM_BYTES (the 64 MB default is too small for data-loader workers).
+  machines) and a /dev/shm of SHM_BYTES (the 64 MB default is too small for data-loader workers);
+- runs under runc where the engine's runtime is crun and the machine has a hybrid cgroup hierarchy (v1
+  controllers and a v2 mount beside them), which crun 1.8 refuses (`run_options`).
 Every container carries the label `trainyard.job=<job>`; `remove_all` is run at the end of every attempt and
 of the job, so no container outlives it.
 """
 from __future__ import annotations
 
+import functools
+import json
 import resource
 import shutil
 import subprocess
@@ -62,16 +66,17 @@ def check_image(engine: tuple[str, str], ref: str, sdk_version: str, runner=subp
     r = runner([path, "image", "inspect", "--format", "{{json .Config.Labels}}", ref], capture_output=True, text=True,
                check=False)
     if r.returncode != 0:
-        raise ConfigError("image_uri", f"{ref} is not in {name}'s images: build it with `trainyard image build "
-                                       "--variant cpu` (it prints the reference), or pull it")
-    import json
-
+        raise ConfigError("image_uri", f"{ref} is not in {name}'s images: a local job with image_uri runs each host "
+                                       "in a Trainyard image; build one with `trainyard image build --variant cpu` "
+                                       "(it prints the reference) or pull it, or drop image_uri to run the hosts as "
+                                       "processes of this machine")
     labels = json.loads(r.stdout.strip() or "{}") or {}
     version = labels.get(VERSION_LABEL)
     if version != sdk_version:
         raise ConfigError("image_uri", f"{ref} holds Trainyard {version or 'of an unknown version'}, and this SDK is "
                                        f"{sdk_version}: the SDK and the driver in the image must be one version; "
-                                       "build the image from this checkout (`trainyard image build --variant cpu`)")
+                                       "build the image from this checkout (`trainyard image build --variant cpu`), "
+                                       "or drop image_uri to run the hosts as processes of this machine")
 
 
 def container_name(job: str, host: str) -> str:
@@ -102,6 +107,49 @@ def _limits() -> list[str]:
     return out
 
 
+def hybrid_cgroups(mounts_file: str = "/proc/self/mounts") -> bool:
+    """cgroup v1 controllers mounted, and cgroup2 beside them (not at /sys/fs/cgroup itself)."""
+    try:
+        with open(mounts_file) as fh:
+            kinds = [(line.split()[1], line.split()[2]) for line in fh if len(line.split()) > 2]
+    except OSError:
+        return False
+    return any(t == "cgroup" for _, t in kinds) and any(t == "cgroup2" for _, t in kinds)
+
+
+def engine_runtime(name: str, path: str, runner=subprocess.run) -> str | None:
+    """The OCI runtime podman or buildah runs containers with ("crun", "runc"), None when it does not say."""
+    try:
+        r = runner([path, "info", "--format", "json"], capture_output=True, text=True, check=False)
+        host = json.loads(r.stdout)["host"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    runtime = host.get("ociRuntime", {}).get("name") if name == "podman" else host.get("OCIRuntime")
+    return runtime if isinstance(runtime, str) else None
+
+
+@functools.lru_cache(maxsize=8)
+def runtime_options(name: str, path: str, runner=subprocess.run, which: Callable[[str], str | None] = shutil.which,
+                    mounts_file: str = "/proc/self/mounts") -> tuple[str, ...]:
+    """`--runtime runc` where podman or buildah would run crun on a hybrid cgroup hierarchy (crun 1.8 fails there:
+    "cannot set up cgroups"); nothing elsewhere. ConfigError naming the package when runc is missing."""
+    if name not in ("podman", "buildah") or not hybrid_cgroups(mounts_file):
+        return ()
+    if engine_runtime(name, path, runner) != "crun":
+        return ()
+    runc = which("runc")
+    if not runc:
+        raise ConfigError("image_uri", f"{name} runs containers with crun, which fails on this machine's hybrid cgroup "
+                                       "hierarchy (v1 controllers with a v2 mount): install runc (`sudo apt-get "
+                                       "install runc`; Trainyard then passes --runtime runc)")
+    return ("--runtime", runc)
+
+
+def run_options(engine: tuple[str, str]) -> list[str]:
+    """What every container of a job gets for this machine: its limits and, where needed, the runtime."""
+    return [*runtime_options(*engine), *_limits()]
+
+
 def run_command(engine: tuple[str, str], image: str, *, job: str, host: str, jobdir: str, hostdir: str,
                 addresses: Mapping[str, str], env: Mapping[str, str], driver_args: list[str],
                 netns: str | None = None, mounts: tuple[str, ...] = ()) -> list[str]:
@@ -111,7 +159,7 @@ def run_command(engine: tuple[str, str], image: str, *, job: str, host: str, job
     name, path = engine
     cmd = [path, "run", "--rm", "--name", container_name(job, host), "--label", f"{LABEL}={job}",
            "--hostname", host, "--pid", "host", "--shm-size", str(SHM_BYTES),
-           "--network", f"ns:/run/netns/{netns}" if netns else "host", *_limits(),
+           "--network", f"ns:/run/netns/{netns}" if netns else "host", *run_options(engine),
            "--volume", f"{hostdir}:/opt/ml", "--volume", f"{jobdir}:{jobdir}"]
     for folder in mounts:
         cmd += ["--volume", f"{folder}:{folder}"]

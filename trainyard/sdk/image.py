@@ -35,7 +35,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 
 import trainyard
-from trainyard.job.errors import ImageError
+from trainyard.job.errors import ConfigError, ImageError
 from trainyard.sdk import image_base
 
 DOCKERFILE = "trainyard/container/Dockerfile"  # relative to the build context (the repository root)
@@ -322,15 +322,22 @@ def build_command(name: str, base: list[str], context_dir: str, ref: str, docker
             context_dir]
 
 
-def _daemonless_options() -> list[str]:
+def _daemonless_options(name: str, path: str, runner: Runner) -> list[str]:
     """podman and buildah: the host network (no bridge needed to reach the package index), the docker image
-    format (OCI drops SHELL, and with it pipefail), and open-file limits this process may set."""
+    format (OCI drops SHELL, and with it pipefail), open-file limits this process may set, and runc where crun
+    would fail (sdk/containers.py)."""
     import resource
+
+    from trainyard.sdk.containers import runtime_options
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard = hard if hard != resource.RLIM_INFINITY else 1048576
     soft = soft if soft != resource.RLIM_INFINITY else hard
-    return ["--network", "host", "--format", "docker", "--ulimit", f"nofile={soft}:{hard}"]
+    try:
+        runtime = runtime_options(name, path, runner)
+    except ConfigError as e:
+        raise ImageError(str(e)) from None
+    return ["--network", "host", "--format", "docker", "--ulimit", f"nofile={soft}:{hard}", *runtime]
 
 
 def _context_version(context_dir: str) -> str | None:
@@ -374,7 +381,7 @@ def build(context_dir: str = ".", repository: str = DEFAULT_REPOSITORY, *, docke
         build_args = {"VARIANT": "cpu", "CPU_BASE": base_ref}
         extra: list[str] = []
         if mounts is not None:
-            extra = [*_daemonless_options(), *mounts.args()]
+            extra = [*_daemonless_options(name, base[0], runner), *mounts.args()]
             if mounts.torch_wheel_here:
                 build_args["TORCH_INDEX"] = "pip"  # this machine's pip has the CPU wheel: no PyTorch index
         return _build(name, base, root, f"{repository}:{tag}", dockerfile, version, runner, build_args, extra)

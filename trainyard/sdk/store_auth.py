@@ -14,7 +14,8 @@ derived from the secret, the date, the region and the service, of the string
 "AWS4-HMAC-SHA256\\n<X-Amz-Date>\\n<scope>\\n<sha256 of the canonical request>", where the canonical request is
 the method, the URI-encoded path (as sent: S3 does not normalise it), the sorted URI-encoded query (without
 X-Amz-Signature), the signed headers with trimmed values, their names, and the payload's hash
-(`x-amz-content-sha256`). Presigned URLs carry the same fields in the query, with an unsigned payload.
+(`x-amz-content-sha256` for S3; the other services, EC2 and CloudWatch Logs here, send no such header and the
+hash is the body's own). Presigned URLs carry the same fields in the query, with an unsigned payload.
 """
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ class Refused(Exception):
         self.code = code
 
 
+class NeedsBody(Exception):
+    """The request passed every check but its signature, which covers its body's hash (not sent in a header)."""
+
+
 def _uri_encode(text: str) -> str:
     return quote(text, safe="-_.~")
 
@@ -130,8 +135,6 @@ def _fields(environ: dict, query: str) -> dict[str, str]:
         fields = {"credential": q.get("X-Amz-Credential", ""), "signed": q.get("X-Amz-SignedHeaders", ""),
                   "signature": q.get("X-Amz-Signature", ""), "date": q.get("X-Amz-Date", ""),
                   "payload": "UNSIGNED-PAYLOAD", "presigned": q.get("X-Amz-Expires", "0")}
-    if not fields["payload"]:
-        raise Refused("AccessDenied", "the request has no x-amz-content-sha256 header")
     return fields
 
 
@@ -171,6 +174,10 @@ def verify(environ: dict, body: bytes | None, creds: Credentials, now: datetime.
         raise Refused("AccessDenied", "the request was signed for another address than this store's")
     headers = "".join(f"{n}:{' '.join((_header(environ, n) or '').split())}\n" for n in names)
     payload = fields["payload"]
+    if not payload:  # the services other than S3 (EC2, CloudWatch Logs) sign the body's hash without sending it
+        if body is None:
+            raise NeedsBody("the request's payload hash is not in a header: its body is needed to check it")
+        payload = hashlib.sha256(body).hexdigest()
     if payload not in _UNSIGNED and body is not None:
         check_body(body, payload)
     canonical = "\n".join([environ.get("REQUEST_METHOD", "GET"), path or "/",

@@ -17,7 +17,8 @@ moto keeps objects in memory; this wrapper makes it behave like a store:
   that needs no key);
 - every other request must be signed with the owner's key (`store_auth.py`), for this server's own address
   (a request signed for another port is not replayed here), its signature checked before its body is read:
-  any other is answered 403, as S3 answers it; only the owner's requests keep the server from idling out; moto's management API (`/moto-api/`, whose reset wipes the store) is not served, and no
+  any other is answered 403, as S3 answers it (the S3 requests carry their body's hash in a header; the EC2
+  and CloudWatch Logs requests the node agent sends do not, and their body, at most 4 MiB, is read to check it); only the owner's requests keep the server from idling out; moto's management API (`/moto-api/`, whose reset wipes the store) is not served, and no
   response carries CORS headers (a web page in a browser cannot use the store);
 - the store folder is the owner's alone: the server runs with umask 077 (objects and indexes 0600, folders
   0700) and tightens what an older version left readable;
@@ -38,11 +39,13 @@ from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
 from trainyard.job.jsonio import write_json
-from trainyard.sdk.store_auth import Credentials, Refused, check_body, credentials, private_folder, proof, verify
+from trainyard.sdk.store_auth import (Credentials, NeedsBody, Refused, check_body, credentials, private_folder, proof,
+                                      verify)
 
 DEFAULT_BUCKET = "trainyard-default"
 HEALTH_PATH = "/_trainyard/health"
 REGION = "us-east-1"
+MAX_HASHED_BODY = 4 << 20  # CloudWatch Logs' largest batch is 1 MiB; EC2's requests are a few KiB
 
 
 def _backend():
@@ -195,8 +198,15 @@ class StoreApp:
         from werkzeug.wsgi import get_input_stream
 
         try:  # the signature first: a request without the key is refused before its body is read
-            signed_hash = verify(environ, None, self.creds, hosts=self.hosts)
-            payload = get_input_stream(environ).read()
+            try:
+                signed_hash = verify(environ, None, self.creds, hosts=self.hosts)
+                payload = get_input_stream(environ).read()
+            except NeedsBody:  # EC2's and CloudWatch Logs' requests: a signature over a small body's hash
+                if int(environ.get("CONTENT_LENGTH") or 0) > MAX_HASHED_BODY:
+                    raise Refused("AccessDenied", f"a request without x-amz-content-sha256 may carry at most "
+                                                  f"{MAX_HASHED_BODY} bytes") from None
+                payload = get_input_stream(environ).read(MAX_HASHED_BODY + 1)
+                signed_hash = verify(environ, payload, self.creds, hosts=self.hosts) and ""
             if signed_hash:
                 check_body(payload, signed_hash)
         except Refused as e:
