@@ -140,3 +140,27 @@ def test_a_failing_rank_a_hung_rank_and_stop_are_reported_and_cleaned_up(engine,
     assert job.status() == "Stopped"
     for j in (failed, hung, job):
         assert leftovers(engine, j.name) == {}, j.name
+
+
+def test_the_emulated_link_still_shapes_the_hosts_traffic_in_the_image(engine, cpu_image):
+    import re
+
+    from trainyard.sdk import netem
+    from tests.e2e.helpers import SCRIPTS, store_client
+
+    if netem.unavailable_reason():
+        pytest.skip(f"emulated network unavailable: {netem.unavailable_reason()}")
+    store_client().put_object(Bucket="image-net", Key="train/a.txt", Body=b"a")
+    before = set(netem.leftovers())
+    est = Estimator(entry_point="sm_train.py", source_dir=SCRIPTS, instance_type="local", instance_count=2,
+                    processes_per_host=2, max_run=240, image_uri=cpu_image, hyperparameters={"mode": "bandwidth"},
+                    emulated_network={"bandwidth_mbit": 50, "delay_ms": 0.2})
+    est.fit({"train": "s3://image-net/train"}, logs="None")
+    job = est.latest_training_job
+    m = re.search(r"\[algo-1/0\] allreduce_s=([0-9.]+) master=(\S+) at=(\S+)", job.log_text())
+    assert m, job.log_text()[-3000:]
+    # a ring all-reduce of 8 MiB over 2 hosts sends at least 4 MiB across each host's link: >= 0.67 s at 50 Mbit/s
+    # (tests/e2e/test_emulated_network.py: 2000 Mbit/s takes less than a quarter of that)
+    assert float(m.group(1)) > 0.6 and m.group(2) == "algo-1" and m.group(3).startswith(("198.18.", "198.19."))
+    assert job.describe()["TrainingJobStatus"] == "Completed"  # the model went to the store through the relay
+    assert set(netem.leftovers()) == before and leftovers(engine, job.name) == {}

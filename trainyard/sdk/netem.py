@@ -2,7 +2,8 @@
 
     switch namespace ty<tag>sw:  bridge br0 <- ty<tag>p<i> (one port per host) <- ty<tag>gp (gateway)
     host namespace   ty<tag>h<i>: eth0 = 198.18.<net>.<i+1>/24, egress shaped (rate, delay)
-    this namespace:  ty<tag>gw = 198.18.<net>.254/24 (peer of ty<tag>gp): the way to the object store
+    this namespace:  ty<tag>gw = 198.18.<net>.254/24 (peer of ty<tag>gp): this machine, seen from the hosts
+    the object store (127.0.0.1 here): reached at its own address from every host namespace (`Relay`)
 
 Ranks of one host share its namespace and talk over its loopback; traffic between hosts crosses two
 shaped links (each host shapes its own egress), as on a real cluster. Addresses come from the
@@ -18,7 +19,6 @@ import os
 import select
 import shutil
 import socket
-import socketserver
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -168,24 +168,36 @@ def in_host(plan: Plan, i: int, cmd: list[str]) -> list[str]:
 
 
 class Relay:
-    """A TCP relay from `listen` (an address of ours) to `target` on loopback: how processes inside the
-    host namespaces reach a service that listens on 127.0.0.1 only (the embedded object store)."""
+    """How processes inside the host namespaces reach a service that listens on 127.0.0.1 only (the embedded
+    object store): a listening socket on each namespace's own loopback, at the service's very address, made by a
+    thread that enters the namespace for that call (setns(2) moves the calling thread only; a socket stays in
+    the namespace it was made in), whose connections are relayed to the service from this namespace. The jobs
+    keep the service's URL, so a request signed for it (the store checks the Host its signature covers) is
+    the same inside and out."""
 
     CHUNK = 1 << 16
 
-    def __init__(self, listen_host: str, target: tuple[str, int]):
-        relay = self
+    def __init__(self, namespaces: list[str], target: tuple[str, int]):
+        self.target = target
+        self.listeners = [_listen_in(f"/run/netns/{ns}", target) for ns in namespaces]
+        self._closed = threading.Event()
+        for sock in self.listeners:
+            threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
 
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                with socket.create_connection(target, timeout=30) as upstream:
-                    relay.pump(self.request, upstream)
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.server = socketserver.ThreadingTCPServer((listen_host, 0), Handler)
-        self.server.daemon_threads = True
-        self.address = self.server.server_address
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn, socket.create_connection(self.target, timeout=30) as upstream:
+                self.pump(conn, upstream)
+        except OSError:
+            pass  # the service or the client went away: the client sees its connection end
 
     def pump(self, a: socket.socket, b: socket.socket) -> None:
         peers = {a: b, b: a}
@@ -200,5 +212,54 @@ class Relay:
                 peers[s].sendall(data)
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._closed.set()
+        for sock in self.listeners:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _listen_in(ns_path: str, address: tuple[str, int]) -> socket.socket:
+    """A socket listening at `address` inside the network namespace at `ns_path`, made by a thread of its own that
+    enters the namespace and leaves it again (the calling thread's namespace never changes)."""
+    import ctypes
+
+    made: list = []
+
+    def enter_and_listen():
+        libc = ctypes.CDLL(None, use_errno=True)
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        target = os.open(ns_path, os.O_RDONLY)
+        try:
+            if libc.setns(target, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns({ns_path})")
+            try:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(64)
+                made.append(sock)
+            finally:
+                if libc.setns(own, _CLONE_NEWNET) != 0:  # a thread left in the namespace must not live on
+                    made.append(OSError(ctypes.get_errno(), "setns back"))
+        except OSError as e:
+            made.append(e)
+        finally:
+            os.close(own)
+            os.close(target)
+
+    t = threading.Thread(target=enter_and_listen)
+    t.start()
+    t.join()
+    errors = [m for m in made if isinstance(m, OSError)]
+    socks = [m for m in made if isinstance(m, socket.socket)]
+    if errors:
+        for sock in socks:
+            sock.close()
+        raise RuntimeError(f"could not listen at {address[0]}:{address[1]} in {ns_path}: {errors[0]}")
+    return socks[0]

@@ -122,10 +122,9 @@ class Supervisor:
         _log(f"emulated network: hosts at {self.plan.host_addr(0)}..{self.plan.host_addr(self.spec.instance_count - 1)}, "
              f"links shaped to {net.bandwidth_mbit} Mbit/s")
         endpoint = urlparse(os.environ.get("AWS_ENDPOINT_URL") or "")
-        if endpoint.hostname in ("127.0.0.1", "localhost"):  # loopback is not reachable from the hosts
-            self.relay = netem.Relay(self.plan.gateway_addr, (endpoint.hostname, endpoint.port))
-            host, port = self.relay.address
-            self.driver_env["AWS_ENDPOINT_URL"] = f"http://{host}:{port}"
+        if endpoint.hostname in ("127.0.0.1", "localhost"):  # this loopback is not the hosts': relayed from theirs
+            self.relay = netem.Relay([self.plan.host_ns(i) for i in range(self.spec.instance_count)],
+                                     ("127.0.0.1", endpoint.port))
         # gloo picks its address by the host name, which resolves to loopback: name the interface
         self.driver_env["GLOO_SOCKET_IFNAME"] = "eth0"
 
