@@ -78,3 +78,30 @@ def test_a_user_error_is_not_retried():
     assert [(a["Attempt"], a["Outcome"], a["RetryClass"]) for a in d["Attempts"]] == [(1, "Failed", None)]
     assert "Restarting" not in [t["Status"] for t in d["SecondaryStatusTransitions"]]
     assert "not retried" in est.latest_training_job.log_text()
+
+
+ATTEMPTS = '''\
+import os, signal, sys
+marker = sys.argv[sys.argv.index("--marker") + 1]
+if not os.path.exists(marker):
+    open(marker, "w").write("1")
+    os.kill(os.getpid(), signal.SIGKILL)  # attempt 1: killed, which is retried
+raise ValueError("attempt 2: a different failure")
+'''
+
+
+def test_each_attempt_reports_its_own_failure(tmp_path):
+    """A retried job's second failure is the one reported: the first attempt's failure file, left in the host's
+    folder, is neither reported again nor used to decide the retry."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "attempts.py").write_text(ATTEMPTS)
+    est = Estimator(entry_point="attempts.py", source_dir=str(tmp_path / "src"), instance_type="local",
+                    instance_count=1, processes_per_host=1, max_run=240, max_retry_attempts=1,
+                    hyperparameters={"marker": str(tmp_path / "attempted")})
+    with pytest.raises(JobFailedError, match="ValueError: attempt 2: a different failure"):
+        est.fit(logs=False)
+    d = est.latest_training_job.describe()
+    first, second = d["Attempts"]
+    assert "SIGKILL" in first["FailureReason"] and first["RetryClass"] is not None, first
+    assert "ValueError: attempt 2" in second["FailureReason"] and "SIGKILL" not in second["FailureReason"], second
+    assert "SIGKILL" not in d["FailureReason"]

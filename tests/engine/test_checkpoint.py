@@ -199,6 +199,47 @@ def test_pickled_state_is_never_unpickled(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_metadata_pickled_by_python_3_11_2_loads(tmp_path):
+    """Python 3.11.0-3.11.4 (the CPU image's Debian 3.11.2) pickle Enum members as getattr(EnumClass, name): a
+    checkpoint written there loads here, and getattr is still refused for anything but an enum member."""
+    import enum
+    import io
+    import pickle
+
+    from trainyard.engine.components.ckpt_io import CheckpointDamaged, SafeReader, read_metadata
+
+    class As3112(pickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, enum.Enum):
+                return getattr, (type(obj), obj.name)
+            return NotImplemented
+
+    def rewrite(path, obj):
+        buf = io.BytesIO()
+        As3112(buf, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+        with open(path, "wb") as f:
+            f.write(buf.getvalue())
+        return buf.getvalue()
+
+    uri = str(tmp_path / "ckpt")
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 2)
+    ckpt.save_checkpoint(uri, 2, model, opt, sched)
+    target = ckpt.step_uri(uri, 2)
+    metadata = read_metadata(SafeReader(target).fs, target)
+    assert b"getattr" in rewrite(f"{target}/.metadata", metadata)
+    assert read_metadata(SafeReader(target).fs, target).state_dict_metadata.keys() == metadata.state_dict_metadata.keys()
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    ckpt.load_checkpoint(uri, 2, fresh, fresh_opt, fresh_sched)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    # getattr of anything but an enum member (here torch.Size's class, a way to reach `type`) is still refused
+    with open(f"{target}/.metadata", "wb") as f:
+        f.write(b"cbuiltins\ngetattr\n(ctorch\nSize\nS'__class__'\ntR.")
+    with pytest.raises(CheckpointDamaged, match="not an enum member"):
+        read_metadata(SafeReader(target).fs, target)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_async_save_stages_then_uploads_and_reports_failures(uri, tmp_path):
     model, opt, sched = _setup(seed=0)
     _train(model, opt, sched, 2)

@@ -182,29 +182,32 @@ def store(monkeypatch):
     env = {**ensure_store().env(), "AWS_DEFAULT_REGION": "us-east-1"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    # boto3's default session keeps the credentials it first resolved: an earlier test's (another store's) key
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     return env
 
 
-def _bucket(name: str):
+def _store_job(tmp_path, kind: str, **spec_fields):
+    """A bucket of the store holding a 2-file channel and the code, and the spec of a 2 x 2 job on them."""
+    job = f"{kind}-image-{uuid.uuid4().hex[:6]}"
+    bucket = f"ty-{job}"
     s3 = boto3.client("s3")
-    s3.create_bucket(Bucket=name)
-    return s3
+    s3.create_bucket(Bucket=bucket)
+    for name, body in (("a.txt", b"alpha"), ("b.txt", b"beta")):
+        s3.put_object(Bucket=bucket, Key=f"data/{name}", Body=body)
+    code_uri = packaging.upload(_source(tmp_path), f"s3://{bucket}/code")
+    channel = {"name": "train", "uri": f"s3://{bucket}/data", **spec_fields.pop("channel", {})}
+    spec = build_spec(job_name=job, entry_point="train.py", entry_kind="script", code_uri=code_uri, instance_count=2,
+                      processes_per_host=2, output_path=f"s3://{bucket}/out", hyperparameters={"lr": 0.5, "tag": "x y"},
+                      environment={"MY_SETTING": "from-environment"}, max_run=600, channels=[channel], **spec_fields)
+    return job, bucket, s3, spec
 
 
 def test_the_ec2_node_agent_runs_a_two_instance_job_against_the_embedded_store(engine, cpu_image, tmp_path, store):
     from trainyard.container import node
     from trainyard.sdk.aws.userdata import agent_command
 
-    job = f"ec2-image-{uuid.uuid4().hex[:6]}"
-    bucket = f"ty-{job}"
-    s3 = _bucket(bucket)
-    for name, body in (("a.txt", b"alpha"), ("b.txt", b"beta")):
-        s3.put_object(Bucket=bucket, Key=f"data/{name}", Body=body)
-    code_uri = packaging.upload(_source(tmp_path), f"s3://{bucket}/code")
-    spec = build_spec(job_name=job, entry_point="train.py", entry_kind="script", code_uri=code_uri,
-                      instance_type="g5.xlarge", instance_count=2, processes_per_host=2, output_path=f"s3://{bucket}/out",
-                      hyperparameters={"lr": 0.5, "tag": "x y"}, environment={"MY_SETTING": "from-environment"},
-                      channels=[{"name": "train", "uri": f"s3://{bucket}/data"}], image_uri=cpu_image, max_run=600)
+    job, bucket, s3, spec = _store_job(tmp_path, "ec2", instance_type="g5.xlarge", image_uri=cpu_image)
     state_uri = f"s3://{bucket}/out/{job}/trainyard"
     s3.put_object(Bucket=bucket, Key=f"out/{job}/trainyard/spec.json", Body=spec.to_json().encode())
     ec2 = boto3.client("ec2")
@@ -261,17 +264,8 @@ def test_the_ec2_node_agent_runs_a_two_instance_job_against_the_embedded_store(e
 
 
 def test_the_kubernetes_entry_runs_two_pods_with_the_operators_variables(engine, cpu_image, tmp_path, store):
-    job = f"k8s-image-{uuid.uuid4().hex[:6]}"
-    bucket = f"ty-{job}"
-    s3 = _bucket(bucket)
-    for name, body in (("a.txt", b"alpha"), ("b.txt", b"beta")):
-        s3.put_object(Bucket=bucket, Key=f"data/{name}", Body=body)
-    code_uri = packaging.upload(_source(tmp_path), f"s3://{bucket}/code")
-    spec = build_spec(job_name=job, entry_point="train.py", entry_kind="script", code_uri=code_uri,
-                      instance_type="ml.g5.xlarge", instance_count=2, processes_per_host=2, backend="kubernetes",
-                      output_path=f"s3://{bucket}/out", hyperparameters={"lr": 0.5, "tag": "x y"},
-                      environment={"MY_SETTING": "from-environment"}, image_uri=cpu_image, max_run=600,
-                      channels=[{"name": "train", "uri": f"s3://{bucket}/data", "distribution": "ShardedByS3Key"}])
+    job, bucket, s3, spec = _store_job(tmp_path, "k8s", instance_type="ml.g5.xlarge", backend="kubernetes",
+                                       image_uri=cpu_image, channel={"distribution": "ShardedByS3Key"})
     template = manifests.pytorchjob(spec)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     container = template["containers"][0]
     config_mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "contract")

@@ -13,6 +13,8 @@ import pytest
 from trainyard import Estimator
 from trainyard.job.errors import JobFailedError
 
+from tests.e2e.test_hang import _beat
+
 from .conftest import leftovers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "container"))
@@ -49,6 +51,7 @@ SCRIPT = textwrap.dedent('''\
     import json, os, socket
     import torch.distributed as dist
     import tinypkg  # from requirements.txt: a wheel in the code
+    import iniconfig  # from requirements.txt: this machine's package index, as in host mode (not in the image)
     hosts = json.loads(os.environ["SM_HOSTS"])
     me = os.environ["SM_CURRENT_HOST"]
     assert os.environ["SM_MODEL_DIR"] == "/opt/ml/model" and os.path.isdir("/opt/ml/input/config")
@@ -70,7 +73,7 @@ def test_a_sagemaker_style_script_with_requirements_runs_in_the_image_on_two_hos
     src.mkdir()
     (src / "train.py").write_text(SCRIPT)
     wheel = make_wheel(str(src / "wheels"), "tinypkg", "0.3")
-    (src / "requirements.txt").write_text(f"./wheels/{os.path.basename(wheel)}\n")
+    (src / "requirements.txt").write_text(f"./wheels/{os.path.basename(wheel)}\niniconfig\n")
     est = Estimator(entry_point="train.py", source_dir=str(src), instance_type="local", instance_count=2,
                     processes_per_host=2, image_uri=cpu_image, max_run=300)
     est.fit(logs="None")
@@ -82,6 +85,8 @@ def test_a_sagemaker_style_script_with_requirements_runs_in_the_image_on_two_hos
     from tests.e2e.helpers import read_tar
 
     assert json.loads(read_tar(est.model_data)["result.json"]) == {"sum": 10.0}
+    assert job.describe()["AlgorithmSpecification"]["TrainingImage"] == cpu_image
+    assert f"hosts run in containers of {cpu_image} (podman)" in logs or engine[0] != "podman"
     assert leftovers(engine, job.name) == {}
 
 
@@ -92,14 +97,6 @@ FAIL = textwrap.dedent('''\
     import time; time.sleep(30)
 ''')
 LONG = "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(0.1)\n"
-
-
-def _beat(job, host, rank):
-    try:
-        with open(f"{job.dir}/torchrun/{host}/heartbeat/rank-{rank}.json") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
 
 
 def test_a_failing_rank_a_hung_rank_and_stop_are_reported_and_cleaned_up(engine, cpu_image, tmp_path):
@@ -164,3 +161,35 @@ def test_the_emulated_link_still_shapes_the_hosts_traffic_in_the_image(engine, c
     assert float(m.group(1)) > 0.6 and m.group(2) == "algo-1" and m.group(3).startswith(("198.18.", "198.19."))
     assert job.describe()["TrainingJobStatus"] == "Completed"  # the model went to the store through the relay
     assert set(netem.leftovers()) == before and leftovers(engine, job.name) == {}
+
+
+def test_a_killed_rank_resumes_from_the_images_checkpoint(engine, cpu_image, monkeypatch):
+    """A checkpoint written in the image (Debian's Python 3.11.2, which pickles DCP's metadata enums its own way)
+    is loaded by the retry, which ends with the losses of an uninterrupted run as processes."""
+    import uuid
+
+    from tests.e2e.helpers import store_client, use_store
+    from trainyard.engine.components.checkpoint import list_steps
+
+    use_store(monkeypatch)  # this process reads the checkpoint's steps from the store
+    store_client().put_object(Bucket="image-resume", Key="made", Body=b"")  # the store makes the bucket
+    hps = {**HPS, "steps": 12, "checkpoint_every": 3, "lr": 0.01}
+    common = dict(entry_point="trainyard.engine.train", instance_type="local", instance_count=2, processes_per_host=1,
+                  hyperparameters=hps, max_run=300)
+    clean = Estimator(**common, checkpoint_s3_uri=f"s3://image-resume/{uuid.uuid4().hex[:8]}")
+    clean.fit(logs="None")
+    ckpt = f"s3://image-resume/{uuid.uuid4().hex[:8]}"
+    job = Estimator(**common, checkpoint_s3_uri=ckpt, image_uri=cpu_image, max_retry_attempts=1).fit(wait=False)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any(list_steps(ckpt).values()):
+        time.sleep(0.2)
+    beat = _beat(job, "algo-2", 1)
+    assert beat and any(list_steps(ckpt).values()), job.log_text()[-3000:]
+    os.kill(beat["pid"], signal.SIGKILL)
+    job.wait(logs="None")
+    text = job.log_text()
+    assert job.status() == "Completed" and "resumed from step" in text, text[-3000:]
+    assert "damaged" not in text, text[-3000:]
+    assert {r["step"]: r["loss"] for r in job.metrics()}[12] == pytest.approx(
+        {r["step"]: r["loss"] for r in clean.latest_training_job.metrics()}[12], rel=1e-6, abs=1e-6)
+    assert leftovers(engine, job.name) == {}

@@ -38,10 +38,27 @@ def test_an_image_must_be_there_and_hold_the_sdks_version():
     engine = ("podman", "/p")
     with pytest.raises(ConfigError, match="trainyard image build --variant cpu"):
         containers.check_image(engine, "img:1", "0.1.0", _runner({"inspect": (125, "")}))
-    labels = json.dumps({containers.VERSION_LABEL: "0.0.9"})
+    with pytest.raises(ConfigError, match="is not a Trainyard image"):  # e.g. python:3.11 or the bare base
+        containers.check_image(engine, "python:3.11", "0.1.0", _runner({"inspect": (0, "null")}))
+    labels = json.dumps({containers.VERSION_LABEL: "0.0.9", "trainyard.source-digest": "abc"})
     with pytest.raises(ConfigError, match="holds Trainyard 0.0.9, and this SDK is 0.1.0"):
         containers.check_image(engine, "img:1", "0.1.0", _runner({"inspect": (0, labels)}))
-    containers.check_image(engine, "img:1", "0.0.9", _runner({"inspect": (0, labels)}))
+    assert containers.check_image(engine, "img:1", "0.0.9", _runner({"inspect": (0, labels)}), sdk_sources="abc") is None
+    stale = containers.check_image(engine, "img:1", "0.0.9", _runner({"inspect": (0, labels)}), sdk_sources="def")
+    assert "built from other sources than this SDK's (image abc, SDK def)" in stale
+
+
+def test_the_source_digest_follows_the_python_files(tmp_path):
+    from trainyard.sdk.containers import source_digest
+
+    for copy in ("a", "b"):
+        (tmp_path / copy / "sub" / "__pycache__").mkdir(parents=True)
+        (tmp_path / copy / "sub" / "m.py").write_text("x = 1\n")
+    (tmp_path / "b" / "sub" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"compiled")
+    (tmp_path / "b" / "notes.txt").write_text("not code")
+    assert source_digest(str(tmp_path / "a")) == source_digest(str(tmp_path / "b"))
+    (tmp_path / "b" / "sub" / "m.py").write_text("x = 2\n")
+    assert source_digest(str(tmp_path / "a")) != source_digest(str(tmp_path / "b"))
 
 
 def test_a_hosts_command(monkeypatch):
@@ -76,3 +93,18 @@ def test_runc_where_crun_would_meet_a_hybrid_cgroup_hierarchy(tmp_path):
     assert opts("buildah", "/b", buildah, which, str(hybrid)) == ("--runtime", "/usr/sbin/runc")
     with pytest.raises(ConfigError, match="apt-get install runc"):
         opts("podman", "/p", crun, {}.get, str(hybrid))
+
+
+def test_a_container_gets_the_aws_settings_and_the_credentials_resolved_here():
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_PROFILE": "dev", "AWS_CA_BUNDLE": "/etc/ca.pem",
+           "HOME": "/root", "AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s"}
+    assert containers.aws_env(env) == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ACCESS_KEY_ID": "AKIA1",
+                                       "AWS_SECRET_ACCESS_KEY": "s"}  # files of this machine are not passed
+    frozen = SimpleNamespace(access_key="ASIA2", secret_key="t", token="tok")
+    session = SimpleNamespace(get_credentials=lambda: SimpleNamespace(get_frozen_credentials=lambda: frozen),
+                              region_name="eu-west-1")
+    got = containers.aws_env({"AWS_PROFILE": "sso"}, session_factory=lambda: session)
+    assert got == {"AWS_ACCESS_KEY_ID": "ASIA2", "AWS_SECRET_ACCESS_KEY": "t", "AWS_SESSION_TOKEN": "tok",
+                   "AWS_DEFAULT_REGION": "eu-west-1"}
+    none = SimpleNamespace(get_credentials=lambda: None, region_name=None)
+    assert containers.aws_env({}, session_factory=lambda: none) == {}

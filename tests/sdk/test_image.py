@@ -9,7 +9,7 @@ import urllib.request
 import boto3
 import pytest
 
-from trainyard.sdk import image
+from trainyard.sdk import containers, image
 from trainyard.job.errors import ImageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -212,7 +212,8 @@ def test_docker_build_commands(tmp_path, monkeypatch):
     version = image.sdk_version()
     assert build == ["/usr/bin/docker", "build", "--file", f"{root}/trainyard/container/Dockerfile", "--tag", ref,
                      "--build-arg", f"TRAINYARD_VERSION={version}", "--label",
-                     f"org.opencontainers.image.version={version}", str(root)]
+                     f"org.opencontainers.image.version={version}",
+                     "--label", f"trainyard.source-digest={containers.source_digest(str(root / 'trainyard'))}", str(root)]
     # built already: only the inspect runs
     run = Runner(inspect_code=0)
     assert image.build(str(root), "trainyard", runner=run, which=_only("docker")) == ref

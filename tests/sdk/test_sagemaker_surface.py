@@ -26,11 +26,11 @@ def test_inert_arguments_are_named_once_and_requests_for_nothing_are_not(src, ca
                   rules=[Rule.sagemaker(rule_configs.loss_not_decreasing())], keep_alive_period_in_seconds=600,
                   profiler_config=ProfilerConfig(system_monitor_interval_millis=500),
                   tensorboard_output_config=TensorBoardOutputConfig("s3://bkt/tb"), enable_network_isolation=False,
-                  encrypt_inter_container_traffic=True, subnets=["subnet-0abc"], image_uri="123.dkr.ecr/x:1")
+                  encrypt_inter_container_traffic=True, subnets=["subnet-0abc"])
     # tensorboard_output_config is used; a ProfilerConfig without framework_profile_params asks for SageMaker's
-    # system monitor only, which Trainyard does not run
+    # system monitor only, which Trainyard does not run; image_uri runs local hosts in that image (not inert)
     assert est.inert_arguments == ("debugger_hook_config", "rules", "keep_alive_period_in_seconds",
-                                   "encrypt_inter_container_traffic", "profiler_config", "image_uri", "subnets")
+                                   "encrypt_inter_container_traffic", "profiler_config", "subnets")
     err = capsys.readouterr().err
     assert err.count("accepted with no effect on local jobs") == 1 and "encrypt_inter_container_traffic" in err
     # debugger off, profiler off, isolation off: what Trainyard does anyway, so nothing is said

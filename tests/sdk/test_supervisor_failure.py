@@ -17,7 +17,7 @@ class _Bare(Supervisor):
     def __init__(self, jobdir, hosts):
         self.jobdir, self.spec, self.runtime = jobdir, SimpleNamespace(hosts=hosts, max_run=60), {}
         self.stop_reason, self.drivers, self.exits, self._reasons = None, {}, {}, {}
-        self.hang_watch, self.hang_reason = None, ""
+        self.hang_watch, self.hang_reason, self.engine = None, "", None
 
     def record_phases(self, ended=False):
         pass

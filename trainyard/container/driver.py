@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{host}/${{rank}}] "
 
     status: dict = {"host": host, "started": time.time()}
+    try:  # an earlier attempt's report in this host's folder (local retries reuse it) is not this attempt's
+        os.remove(f"{root}/output/failure")
+    except FileNotFoundError:
+        pass
     space.reserve(root)  # room for the failure report and the status on a full disk (job/space.py)
     lifeline.watch(lambda: _supervisor_lost(host, root, status_file, status))
     failure: RankFailure | None = None

@@ -29,7 +29,9 @@ of the job, so no container outlives it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -42,6 +44,7 @@ LABEL = "trainyard.job"
 SHM_BYTES = 1 << 30
 LIFELINE_FD = 3  # where --preserve-fds 1 puts the lifeline in the container
 VERSION_LABEL = "org.opencontainers.image.version"
+SOURCE_LABEL = "trainyard.source-digest"
 
 
 def find_engine(which: Callable[[str], str | None] = shutil.which, runner=subprocess.run) -> tuple[str, str]:
@@ -60,8 +63,11 @@ def find_engine(which: Callable[[str], str | None] = shutil.which, runner=subpro
                                    "running; or drop image_uri to run the hosts as processes of this machine")
 
 
-def check_image(engine: tuple[str, str], ref: str, sdk_version: str, runner=subprocess.run) -> None:
-    """The image is in the engine's store and holds this SDK's Trainyard (the driver's contract with the SDK)."""
+def check_image(engine: tuple[str, str], ref: str, sdk_version: str, runner=subprocess.run,
+                sdk_sources: str | None = None) -> str | None:
+    """The image is in the engine's store and holds this SDK's Trainyard (the driver's contract with the SDK).
+    Returns a warning when its Trainyard was built from other sources at the same version (`sdk_sources`: the SDK's
+    `image.source_digest`, default: of the installed package), else None."""
     name, path = engine
     r = runner([path, "image", "inspect", "--format", "{{json .Config.Labels}}", ref], capture_output=True, text=True,
                check=False)
@@ -72,11 +78,55 @@ def check_image(engine: tuple[str, str], ref: str, sdk_version: str, runner=subp
                                        "processes of this machine")
     labels = json.loads(r.stdout.strip() or "{}") or {}
     version = labels.get(VERSION_LABEL)
+    if version is None:
+        raise ConfigError("image_uri", f"{ref} is not a Trainyard image (it has no {VERSION_LABEL} label): a local "
+                                       "job with image_uri runs each host in a Trainyard image; build one with "
+                                       "`trainyard image build --variant cpu`, or drop image_uri to run the hosts "
+                                       "as processes of this machine")
     if version != sdk_version:
         raise ConfigError("image_uri", f"{ref} holds Trainyard {version or 'of an unknown version'}, and this SDK is "
                                        f"{sdk_version}: the SDK and the driver in the image must be one version; "
                                        "build the image from this checkout (`trainyard image build --variant cpu`), "
                                        "or drop image_uri to run the hosts as processes of this machine")
+
+    if sdk_sources is None:  # the package this module belongs to: trainyard/sdk/containers.py
+        sdk_sources = source_digest(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if labels.get(SOURCE_LABEL) != sdk_sources:
+        return (f"{ref} holds Trainyard {version} built from other sources than this SDK's (image "
+                f"{labels.get(SOURCE_LABEL) or 'unrecorded'}, SDK {sdk_sources}): its driver may differ from this "
+                "checkout; `trainyard image build --variant cpu` builds this one")
+    return None
+
+
+_AWS_FILES = ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+              "AWS_CA_BUNDLE")  # name files of this machine, which a container does not see
+
+
+def aws_env(environ: Mapping[str, str], session_factory=None) -> dict[str, str]:
+    """What a host's container needs to reach the object store the job uses, where it is not the embedded store
+    (which passes its own endpoint and key): this process's AWS_* settings, and the credentials boto3 resolves
+    here (a profile, SSO, the shared files) as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN,
+    as SageMaker local mode hands its containers the session's credentials. Temporary credentials expire with
+    their session: a job that outlives them loses access to S3."""
+    out = {k: v for k, v in environ.items() if k.startswith("AWS_") and k not in _AWS_FILES}
+    if "AWS_ACCESS_KEY_ID" not in out:
+        try:
+            if session_factory is None:
+                import boto3
+
+                session_factory = boto3.Session
+            session = session_factory()
+            creds = session.get_credentials()
+            frozen = creds.get_frozen_credentials() if creds is not None else None
+        except Exception:  # noqa: BLE001 - no credentials anywhere: the job's S3 calls will say so
+            frozen, session = None, None
+        if frozen is not None and frozen.access_key:
+            out.update(AWS_ACCESS_KEY_ID=frozen.access_key, AWS_SECRET_ACCESS_KEY=frozen.secret_key)
+            if frozen.token:
+                out["AWS_SESSION_TOKEN"] = frozen.token
+        if session is not None and session.region_name and "AWS_DEFAULT_REGION" not in out:
+            out["AWS_DEFAULT_REGION"] = session.region_name
+    return out
 
 
 def container_name(job: str, host: str) -> str:
@@ -152,10 +202,10 @@ def run_options(engine: tuple[str, str]) -> list[str]:
 
 def run_command(engine: tuple[str, str], image: str, *, job: str, host: str, jobdir: str, hostdir: str,
                 addresses: Mapping[str, str], env: Mapping[str, str], driver_args: list[str],
-                netns: str | None = None, mounts: tuple[str, ...] = ()) -> list[str]:
+                netns: str | None = None, mounts: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> list[str]:
     """The command that runs one host's driver in a container of `image` (see the module docstring). `addresses`:
     each host name's address; `netns`: the emulated network's namespace of this host (None: this machine's
-    network); `mounts`: more folders bound at their own path."""
+    network); `mounts`: more folders bound at their own path; `extra`: more options (the pip mounts)."""
     name, path = engine
     cmd = [path, "run", "--rm", "--name", container_name(job, host), "--label", f"{LABEL}={job}",
            "--hostname", host, "--pid", "host", "--shm-size", str(SHM_BYTES),
@@ -169,7 +219,7 @@ def run_command(engine: tuple[str, str], image: str, *, job: str, host: str, job
         cmd += ["--preserve-fds", "1"]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
-    return [*cmd, "--workdir", "/opt/ml", image, "python", "-m", "trainyard.container.driver", *driver_args]
+    return [*cmd, *extra, "--workdir", "/opt/ml", image, "python", "-m", "trainyard.container.driver", *driver_args]
 
 
 def with_lifeline_at_3(cmd: list[str], fd: int) -> list[str]:
@@ -190,3 +240,18 @@ def remove_all(engine: tuple[str, str], job: str, runner=subprocess.run) -> list
     r = runner([path, "ps", "-a", "--filter", f"label={LABEL}={job}", "--format", "{{.Names}}"], capture_output=True,
                text=True, check=False)
     return r.stdout.split()
+
+
+def source_digest(package_dir: str) -> str:
+    """SHA-256 (16 hex digits) of the Python files of the `trainyard` package at `package_dir`, by relative path:
+    the same for the checkout an image is built from and for the SDK installed from it (editable or not), so a
+    local job tells an image of other sources than the SDK's, at one version number."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            h.update(os.path.relpath(path, package_dir).replace(os.sep, "/").encode() + b"\0")
+            with open(path, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").hexdigest().encode() + b"\0")
+    return h.hexdigest()[:16]

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 
 import trainyard
 from trainyard.job.errors import ConfigError, ImageError
-from trainyard.sdk import image_base
+from trainyard.sdk import containers, image_base
 
 DOCKERFILE = "trainyard/container/Dockerfile"  # relative to the build context (the repository root)
 DOCKERIGNORE = ".dockerignore"
@@ -319,6 +319,7 @@ def build_command(name: str, base: list[str], context_dir: str, ref: str, docker
     return [*cmd, *extra, "--file", df, "--tag", ref,
             "--build-arg", f"TRAINYARD_VERSION={version}", *args,
             "--label", f"org.opencontainers.image.version={version}",
+            "--label", f"{containers.SOURCE_LABEL}={containers.source_digest(os.path.join(context_dir, 'trainyard'))}",
             context_dir]
 
 
@@ -328,13 +329,11 @@ def _daemonless_options(name: str, path: str, runner: Runner) -> list[str]:
     would fail (sdk/containers.py)."""
     import resource
 
-    from trainyard.sdk.containers import runtime_options
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard = hard if hard != resource.RLIM_INFINITY else 1048576
     soft = soft if soft != resource.RLIM_INFINITY else hard
     try:
-        runtime = runtime_options(name, path, runner)
+        runtime = containers.runtime_options(name, path, runner)
     except ConfigError as e:
         raise ImageError(str(e)) from None
     return ["--network", "host", "--format", "docker", "--ulimit", f"nofile={soft}:{hard}", *runtime]

@@ -139,11 +139,16 @@ def pip_settings(python: str = sys.executable, runner=subprocess.run) -> dict[st
     return out
 
 
-def pip_mounts(torch_version: str, settings: dict[str, str] | None = None) -> PipMounts:
-    """This machine's pip settings as a pip.conf for the build, with every local path mounted, and the
-    constraints of the SDK's environment."""
+def pip_mounts(torch_version: str, settings: dict[str, str] | None = None, *, folder: str | None = None,
+               pins: bool = True) -> PipMounts:
+    """This machine's pip settings as a pip.conf for a build (or a local job's containers, whose
+    requirements.txt installs as in host mode), with every local path mounted; with `pins`, the constraints of
+    the SDK's environment too. `folder`: where the files go (default: a new temporary folder)."""
     settings = pip_settings() if settings is None else settings
-    folder = tempfile.mkdtemp(prefix="trainyard-pip-")
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="trainyard-pip-")
+    else:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     mounts = PipMounts(folder, [(folder, MOUNT)])
     lines = ["[global]"]
 
@@ -153,7 +158,7 @@ def pip_mounts(torch_version: str, settings: dict[str, str] | None = None) -> Pi
         mounts.volumes.append((os.path.realpath(path), inside))
         return inside
 
-    constraints = [f"{MOUNT}/constraints.txt"]
+    constraints = [f"{MOUNT}/constraints.txt"] if pins else []
     for key, value in settings.items():
         if key in _PATH_KEYS:
             kept = []
@@ -188,9 +193,11 @@ def pip_mounts(torch_version: str, settings: dict[str, str] | None = None) -> Pi
                 lines.append(f"{key} = {' '.join(urls)}")
         elif key in _PLAIN_KEYS:
             lines.append(f"{key} = {value}")
-    with open(os.path.join(folder, "constraints.txt"), "w") as fh:
-        fh.write(environment_constraints())
-    lines.append(f"constraint = {' '.join(constraints)}")
+    if pins:
+        with open(os.path.join(folder, "constraints.txt"), "w") as fh:
+            fh.write(environment_constraints())
+    if constraints:
+        lines.append(f"constraint = {' '.join(constraints)}")
     with open(os.path.join(folder, "pip.conf"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
     return mounts

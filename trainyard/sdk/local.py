@@ -44,8 +44,9 @@ class LocalPlan:
 
     def describe(self) -> str:
         s = self.spec
+        where = f", each host in a container of {s.image_uri}" if s.image_uri else ""
         return (f"local job: {s.instance_count} host(s) x {s.processes_per_host} process(es) on this machine "
-                f"({os.cpu_count()} cores), code {s.entry_point}, output {s.output_path}; price $0")
+                f"({os.cpu_count()} cores){where}, code {s.entry_point}, output {s.output_path}; price $0")
 
 
 class LocalBackend:
@@ -67,7 +68,9 @@ class LocalBackend:
                                                 f"= {spec.world_size} processes on this machine ({os.cpu_count()} "
                                                 f"cores); local jobs run at most {cap} ({CAP_ENV} raises it)")
         if spec.image_uri:  # the hosts in containers: the engine and the image, before anything is made
-            containers.check_image(containers.find_engine(), spec.image_uri, trainyard.__version__)
+            stale = containers.check_image(containers.find_engine(), spec.image_uri, trainyard.__version__)
+            if stale:
+                print(f"[trainyard] warning: {stale}", file=sys.stderr, flush=True)
         path = spec.checkpoint_local_path
         if spec.checkpoint_s3_uri and not (path == "/opt/ml" or path.startswith("/opt/ml/")):
             raise ConfigError("checkpoint_local_path", f"{path!r}: a local job's hosts share this machine's files, so a "

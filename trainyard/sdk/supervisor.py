@@ -41,7 +41,7 @@ from trainyard.job import space
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
-from trainyard.sdk import containers, netem
+from trainyard.sdk import containers, image, image_base, netem
 from trainyard.sdk.netem import in_host
 from trainyard.sdk.store import Endpoint, keep_alive
 
@@ -103,6 +103,7 @@ class Supervisor:
         self.lifeline = Lifeline()  # the drivers stop their ranks when this process ends (container/lifeline.py)
         # with image_uri: each host is a container of the image (sdk/containers.py)
         self.engine = containers.find_engine() if self.spec.image_uri else None
+        self.pip: image_base.PipMounts | None = None  # this machine's pip settings for the containers
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_reason = self.stop_reason or "Stopped"
@@ -204,21 +205,30 @@ class Supervisor:
 
     def start_containers(self, addresses: dict[str, str]) -> None:
         """One container of the job's image per host, running its driver (sdk/containers.py): the job's own
-        settings in its environment (the endpoint and key, the cache, TRAINYARD_* settings), nothing else of
-        this process's."""
+        settings in its environment (the endpoint and key, the cache, TRAINYARD_* settings; with a store that is
+        not the embedded one, the AWS settings and credentials of this process), nothing else of this process's."""
         base = {k: v for k, v in os.environ.items() if k.startswith("TRAINYARD_")}
+        if not self.runtime.get("embedded_store"):  # S3 or an endpoint the user configured: their credentials
+            base.update(containers.aws_env(os.environ))
         job_env = {**base, **self.runtime.get("env", {}), **self.driver_env, "PYTHONUNBUFFERED": "1",
                    RESOLVES_ENV: "1", LIFELINE_ENV: str(containers.LIFELINE_FD)}
         job_env.pop("TRAINYARD_HOME", None)
         cache = self.runtime.get("env", {}).get("TRAINYARD_REQUIREMENTS_CACHE")
         if cache:
             os.makedirs(cache, exist_ok=True)
+        # requirements.txt installs from this machine's package indexes, as in host mode: its pip settings (index
+        # URLs, find-links, certificate, constraints) as a pip.conf with every local path mounted read-only
+        if self.pip is None:
+            _log(f"hosts run in containers of {self.spec.image_uri} ({self.engine[0]})")
+            self.pip = image_base.pip_mounts(image.TORCH_VERSION, folder=f"{self.jobdir}/pip", pins=False)
+        job_env["PIP_CONFIG_FILE"] = f"{image_base.MOUNT}/pip.conf"
         for i, host in enumerate(self.spec.hosts):
             host_env = {**job_env, REQUESTED_ENV: now_iso(), HOST_LOG_ENV: f"{self.jobdir}/logs/{host}.log"}
             run = containers.run_command(
                 self.engine, self.spec.image_uri, job=self.spec.job_name, host=host, jobdir=self.jobdir,
                 hostdir=f"{self.jobdir}/hosts/{host}", addresses=addresses, env=host_env,
                 netns=self.plan.host_ns(i) if self.plan else None, mounts=(cache,) if cache else (),
+                extra=tuple(self.pip.args()),
                 driver_args=["--root", MOUNT_POINT, "--log-dir", f"{self.jobdir}/torchrun/{host}",
                              "--status-file", f"{self.jobdir}/hosts/{host}.status.json",
                              "--phases-file", self._phases_file(host)])

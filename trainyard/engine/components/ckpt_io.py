@@ -182,12 +182,26 @@ _SAFE_NAMES = {("torch", "Size"), ("torch.distributed.checkpoint.filesystem", "_
                ("torch.serialization", "_get_layout")}
 
 
+def _enum_member(owner, name):
+    """`getattr` as an enum's pickle uses it: Python 3.11.0 to 3.11.4 (Debian 12's 3.11.2, the CPU image's) pickle an
+    Enum member as `getattr(EnumClass, "NAME")`, where later versions pickle `EnumClass(value)`. Only a member of an
+    Enum class the unpickler admitted is returned."""
+    import enum
+
+    if isinstance(owner, type) and issubclass(owner, enum.Enum) and isinstance(name, str) and name in owner.__members__:
+        return owner[name]
+    raise CheckpointDamaged(f"checkpoint metadata asks for attribute {name!r} of {owner!r}, which is not an enum "
+                            "member; refusing to load it")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds only DCP's metadata classes; anything else a pickle names (os.system, ...) is refused."""
 
     def find_class(self, module: str, name: str):
         import torch
 
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if "." not in name:
             if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
                 return getattr(torch, name)
