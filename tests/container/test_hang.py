@@ -133,3 +133,38 @@ def test_host_watch_of_a_driver_fires_once_and_ends_the_hung_ranks(tmp_path):
     finally:
         for p in ranks:
             p.kill()
+
+
+def test_a_rank_waiting_for_a_dtensor_collective_is_seen_waiting(tmp_path):
+    """A sharded gradient's norm (DTensor, functional collectives) whose peer never comes: the heartbeat says the
+    rank waits in all_reduce, so a hang names the peer, not nobody (a 2-process gloo world; rank 1 never joins)."""
+    code = """
+import os, sys, time, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial
+from trainyard.engine.components import heartbeat
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+assert heartbeat.start()
+heartbeat.set_phase("optimizer")
+if rank == 0:
+    t = DTensor.from_local(torch.ones(4), mesh, [Partial()]).full_tensor()
+    print("done", float(t.sum()), flush=True)
+time.sleep(60)
+"""
+    env = {**os.environ, "TRAINYARD_HEARTBEAT_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "rendezvous")],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 60
+        b = None
+        while time.monotonic() < deadline and not (b and b.waiting):
+            b = hang.read_beats(str(tmp_path / "rank-0.json")).get(0)
+            time.sleep(0.2)
+        assert b is not None and (b.phase, b.collective, b.waiting) == ("optimizer", "all_reduce", True), b
+        assert procs[0].poll() is None  # still waiting for rank 1
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

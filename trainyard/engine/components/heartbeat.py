@@ -12,7 +12,8 @@ In a job (the driver sets `$TRAINYARD_HEARTBEAT_DIR`), `start()` makes every ran
   `trainyard.engine.mark_step(k)`.
 - `collective` and `seq` are the last collective this rank issued through `torch.distributed` and its
   number (this process's count of collectives); `waiting` is true while the rank is inside the call, or
-  inside `wait()` of one started asynchronously: where a rank blocks when a peer does not come.
+  inside `wait()` of one started asynchronously, or inside `wait_tensor` of DTensor's functional collectives
+  (a sharded gradient's norm, a tensor-parallel layer): where a rank blocks when a peer does not come.
 - `time` is when the thread last wrote: it stops when the process stops (SIGSTOP, a debugger, a C call that
   holds the GIL), which is how the detector tells the rank at fault from the ranks waiting for it.
 
@@ -35,6 +36,12 @@ COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", 
                "broadcast", "broadcast_object_list", "barrier", "reduce", "reduce_scatter", "all_to_all",
                "all_to_all_single", "gather", "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv",
                "monitored_barrier")
+# DTensor's collectives (torch.distributed._functional_collectives): issued at once, waited for in
+# `wait_tensor` when the result is first used (a sharded gradient's norm, a tensor-parallel layer's output)
+FUNCTIONAL = ("all_reduce", "all_reduce_coalesced", "all_gather_tensor", "all_gather_tensor_autograd",
+              "reduce_scatter_tensor", "reduce_scatter_tensor_autograd", "reduce_scatter_tensor_coalesced",
+              "all_gather_into_tensor_coalesced", "all_to_all_single", "all_to_all_single_autograd", "broadcast",
+              "permute_tensor")
 
 _state: dict = {"step": None, "phase": "starting", "collective": None, "seq": 0, "waiting": False}
 _started = False
@@ -93,6 +100,29 @@ def _tracked(name: str, fn):
     return call
 
 
+def _issued(name: str, fn):
+    """A functional collective: counted and named when issued; the rank waits in `wait_tensor` (_waits)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _state.update(collective=name, seq=_state["seq"] + 1)
+        return fn(*args, **kwargs)
+    call.__trainyard_heartbeat__ = True
+    return call
+
+
+def _waits(fn):
+    """`wait_tensor`: inside the last functional collective issued until its result is there."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _state["waiting"] = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state["waiting"] = False
+    call.__trainyard_heartbeat__ = True
+    return call
+
+
 def _write(path: str, rank: int, host: str) -> None:
     doc = {"rank": rank, "host": host, "pid": os.getpid(), "time": time.time(), **_state}
     tmp = f"{path}.tmp"
@@ -138,6 +168,14 @@ def start(env: dict | None = None) -> bool:
         for module in (dist, c10d):
             if getattr(module, name, None) is fn:
                 setattr(module, name, tracked)
+    import torch.distributed._functional_collectives as funcol
+
+    for name in FUNCTIONAL:
+        fn = getattr(funcol, name, None)
+        if fn is not None and not getattr(fn, "__trainyard_heartbeat__", False):
+            setattr(funcol, name, _issued(name, fn))
+    if not getattr(funcol.wait_tensor, "__trainyard_heartbeat__", False):
+        funcol.wait_tensor = _waits(funcol.wait_tensor)
     rank = int(env.get("RANK") or 0)
     host = env.get("SM_CURRENT_HOST") or "algo-1"
     os.makedirs(folder, exist_ok=True)
