@@ -27,6 +27,17 @@ def test_json_round_trip():
     assert spec.hosts == ["algo-1", "algo-2", "algo-3", "algo-4"]
 
 
+def test_evolve_validates_the_whole_spec_again():
+    spec = build_spec(**_fields())
+    moved = spec.evolve(code_uri="s3://bkt/other.tar.gz", instance_count=2)
+    assert moved.code_uri == "s3://bkt/other.tar.gz" and moved.world_size == 16 and spec.instance_count == 4
+    assert moved.evolve(instance_count=4, code_uri=spec.code_uri) == spec
+    with pytest.raises(ConfigError, match="instance_count"):
+        spec.evolve(instance_count=0)
+    with pytest.raises(ConfigError):
+        spec.evolve(no_such_field=1)
+
+
 def test_extra_fields_are_forbidden():
     with pytest.raises(ConfigError) as e:
         build_spec(**_fields(gpus=8))

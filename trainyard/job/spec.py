@@ -472,6 +472,10 @@ class JobSpec(BaseModel):
     def to_json(self) -> str:
         return self.model_dump_json(indent=1)
 
+    def evolve(self, **changes: Any) -> "JobSpec":
+        """This spec with `changes`, validated again as a whole (a ConfigError naming the field, as `build_spec`)."""
+        return build_spec(**{**self.model_dump(), **changes})
+
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":
         return cls.model_validate_json(text)

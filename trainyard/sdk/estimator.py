@@ -275,7 +275,7 @@ class Estimator:
 
     def set_hyperparameters(self, **kwargs) -> None:
         """Add or change hyperparameters (checked as the constructor checks them)."""
-        spec = build_spec(**{**self._spec.model_dump(), "hyperparameters": {**self._spec.hyperparameters, **kwargs}})
+        spec = self._spec.evolve(hyperparameters={**self._spec.hyperparameters, **kwargs})
         if spec.entry_kind == "module" and spec.entry_point == BUILTIN_TRAINER:
             _check_builtin_hyperparameters(spec, normalize(spec.distribution, world_size=spec.world_size,
                                                            processes_per_host=spec.processes_per_host))
@@ -367,7 +367,7 @@ class Estimator:
         channels = to_channels(inputs, default_input_mode=self._spec.input_mode)
         name = job_name or f"{self.base_job_name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
         _check_job_name("job_name", name)
-        return build_spec(**{**self._spec.model_dump(), "job_name": name, "channels": channels})
+        return self._spec.evolve(job_name=name, channels=channels)
 
     def to_terraform(self, path: str, inputs=None, *, job_name: str | None = None, region: str | None = None,
                      availability_zone_id: str | None = None, cluster: dict | None = None,
@@ -385,7 +385,7 @@ class Estimator:
         archive = None
         if not (spec.entry_kind == "module" and self.source_dir is None):
             pkg = self._package()
-            spec = build_spec(**{**spec.model_dump(), "code_uri": join(self.code_location or spec.output_path, pkg.key)})
+            spec = spec.evolve(code_uri=join(self.code_location or spec.output_path, pkg.key))
             archive = pkg.data
         if region is None and self.boto_session is not None:
             region = self.boto_session.region_name
@@ -408,7 +408,7 @@ class Estimator:
         if not (spec.entry_kind == "module" and self.source_dir is None and not self.dependencies):
             pkg = self._package()
             code_uri = join(self.code_location or spec.output_path, pkg.key)
-            spec, archive = build_spec(**{**spec.model_dump(), "code_uri": code_uri}), pkg.data
+            spec, archive = spec.evolve(code_uri=code_uri), pkg.data
             k8s_check.check(spec)  # the code's location too
         objects = k8s_manifests.render(spec)
         if path is not None:

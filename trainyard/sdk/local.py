@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import trainyard
 from trainyard.job import storage
 from trainyard.job.errors import ConfigError
-from trainyard.job.spec import BUILTIN_TRAINER, JobSpec, build_spec
+from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.job.uris import check_s3_uri, split_s3
 from trainyard.sdk import containers
 from trainyard.sdk.job import TrainingJob
@@ -94,7 +94,7 @@ class LocalBackend:
         with storage_env(self.endpoint.env()):
             if self.endpoint.embedded:  # every check has passed: now the job's buckets may be created
                 create_buckets(written_buckets(spec))
-            spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec)})
+            spec = spec.evolve(code_uri=upload_code(spec))
         return launch(spec, self.endpoint)
 
 

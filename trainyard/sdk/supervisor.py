@@ -40,7 +40,7 @@ from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, w
 from trainyard.job import space
 from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError
-from trainyard.job.spec import JobSpec, build_spec
+from trainyard.job.spec import JobSpec
 from trainyard.sdk import containers, image, image_base, netem
 from trainyard.sdk.netem import in_host
 from trainyard.sdk.store import Endpoint, keep_alive
@@ -436,7 +436,7 @@ class Supervisor:
     def shrink(self, count: int) -> JobSpec:
         """The job on its first `count` hosts from now on: the spec (and its layout) checked again for them.
         Raises ConfigError when the layout does not fit."""
-        spec = build_spec(**{**self.spec.model_dump(), "instance_count": count})
+        spec = self.spec.evolve(instance_count=count)
         normalize(spec.distribution, world_size=spec.world_size, processes_per_host=spec.processes_per_host)
         self.spec = spec
         return spec

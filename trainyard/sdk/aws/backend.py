@@ -17,7 +17,7 @@ from trainyard.job import storage
 from trainyard.job.errors import ConfigError, JobFailedError
 from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_json
 from trainyard.sdk.job import TrainingJob
-from trainyard.job.spec import JobSpec, build_spec
+from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
 from trainyard.sdk.aws import billing
 from trainyard.sdk.aws.preflight import new_session, preflight
@@ -88,7 +88,7 @@ class Ec2Backend:
         _check_storage(spec, self.session)
         if os.path.exists(job_dir(spec.job_name)):
             raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists; choose another name")
-        spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec, s3=storage.s3_client(self.session))})
+        spec = spec.evolve(code_uri=upload_code(spec, s3=storage.s3_client(self.session)))
         return _start(spec, plan, self.session, self.say)
 
 

@@ -22,7 +22,7 @@ from datetime import datetime
 
 from trainyard.job import storage
 from trainyard.job.errors import ConfigError
-from trainyard.job.spec import JobSpec, build_spec
+from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
 from trainyard.sdk.aws import sm_request
 from trainyard.sdk.aws.preflight import check_session, new_session
@@ -169,7 +169,7 @@ class SageMakerBackend:
         if os.path.exists(job_dir(spec.job_name)):
             raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists; choose another name")
         s3 = storage.s3_client(self.session)
-        spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec, s3=s3)})
+        spec = spec.evolve(code_uri=upload_code(spec, s3=s3))
         bucket, key = split_s3(spec_uri(spec))
         s3.put_object(Bucket=bucket, Key=key, Body=spec.to_json().encode(), ContentType="application/json")
         request = sm_request.create_training_job_request(spec, spec_uri=spec_uri(spec), region=plan.region)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from trainyard.job import catalog, storage
 from trainyard.job.errors import ConfigError
-from trainyard.job.spec import JobSpec, build_spec
+from trainyard.job.spec import JobSpec
 from trainyard.sdk.jobstate import job_dir, write_json
 from trainyard.sdk.k8s import check as k8s_check
 from trainyard.sdk.k8s.client import Api, api_errors, connect_for, kubeconfig_path, message_of, status_of
@@ -107,7 +107,7 @@ class KubernetesBackend:
         jobdir = job_dir(spec.job_name)
         if os.path.exists(jobdir):
             raise ConfigError("job_name", f"a job named {spec.job_name!r} already exists; choose another name")
-        spec = build_spec(**{**spec.model_dump(), "code_uri": upload_code(spec, s3=storage.s3_client(self.session))})
+        spec = spec.evolve(code_uri=upload_code(spec, s3=storage.s3_client(self.session)))
         k8s_check.check(spec)  # the code's URI too
         manifests = render(spec)
         api, opts = self.api(spec), options(spec)
