@@ -6,6 +6,7 @@ import json
 import pytest
 from botocore.exceptions import ParamValidationError
 
+from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job.errors import ConfigError
 from trainyard.job.observability import TensorBoardOutput
 from trainyard.job.spec import build_spec
@@ -66,7 +67,7 @@ def test_the_request_of_a_representative_job_has_sagemakers_shape():
     assert req["Tags"] == [{"Key": "team", "Value": "ml"}]
     env = req["Environment"]
     assert env["NCCL_DEBUG"] == "WARN" and env["TRAINYARD_SPEC_URI"] == "s3://bkt/out/sm-job-1/trainyard/spec.json"
-    assert json.loads(env["TRAINYARD_DISTRIBUTION"]) == spec.distribution
+    assert Parallelism.parse(json.loads(env["TRAINYARD_DISTRIBUTION"])) == spec.parallelism
     assert req["TensorBoardOutputConfig"] == {"S3OutputPath": "s3://bkt/tb", "LocalPath": "/opt/ml/output/tensorboard"}
 
 

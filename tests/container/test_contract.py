@@ -2,6 +2,7 @@
 import json
 
 from trainyard.container.contract import hp_env, render_contract, user_args
+from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job.spec import build_spec
 
 
@@ -87,9 +88,14 @@ def test_environment_variables():
     assert all(f"SM_{k.upper()}" in env for k in training_env)
 
 
+def _engines_view(env: dict) -> dict:
+    """The distribution as the engine reads it from the contract (the variable carries the non-default keys)."""
+    return Parallelism.parse(json.loads(env["TRAINYARD_DISTRIBUTION"])).to_dict()
+
+
 def test_typed_distribution_reaches_the_engine():
     env = render_contract(_spec(), 0).env
-    assert json.loads(env["TRAINYARD_DISTRIBUTION"]) == {
+    assert _engines_view(env) == {
         "mics": {"partition_group_size": 24, "hierarchical_allgather": None, "reshard_after_forward": True,
                  "two_hop_sync": True, "replica_sync": "bucketed", "replica_bucket_mb": 4.0,
                  "replica_compression": None, "hierarchical_chunks": 4, "cpu_offload": False},
@@ -98,13 +104,13 @@ def test_typed_distribution_reaches_the_engine():
         "pipeline_schedule": "1f1b", "virtual_stages": 1, "microbatches": None, "pipeline_split": None}
     smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
         "sharded_data_parallel_degree": 8, "sdp_hierarchical_allgather": False, "sdp_gradient_clipping": 1.0}}}}
-    typed = json.loads(render_contract(_spec(distribution=smp), 0).env["TRAINYARD_DISTRIBUTION"])
+    typed = _engines_view(render_contract(_spec(distribution=smp), 0).env)
     assert typed["mics"] == {"partition_group_size": 8, "hierarchical_allgather": False, "reshard_after_forward": True,
                              "two_hop_sync": True, "replica_sync": "bucketed", "replica_bucket_mb": 4.0,
                              "replica_compression": None, "hierarchical_chunks": 4, "cpu_offload": False}
     assert typed["gradient_clipping"] == 1.0
     v2 = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"hybrid_shard_degree": 4}}}}
-    assert json.loads(render_contract(_spec(distribution=v2), 0).env["TRAINYARD_DISTRIBUTION"])["mics"][
+    assert _engines_view(render_contract(_spec(distribution=v2), 0).env)["mics"][
         "partition_group_size"] == 4
 
 

@@ -1,4 +1,5 @@
 """Hyperparameters from the command line, the batch split, the LR schedule, the contract files."""
+import dataclasses
 import json
 
 import pytest
@@ -146,13 +147,14 @@ def test_reconcile_distribution():
     from trainyard.engine.distributed.parallelism import Parallelism
 
     cfg = parse_hyperparameters(["--global_batch_size", "8", "--micro_batch_size", "2"])
-    reconcile_distribution(cfg, Parallelism.parse({"mixed_precision": "bf16", "gradient_clipping": 0.5,
-                                 "gradient_accumulation_steps": 2}), world_size=2)
+    given = dataclasses.replace(cfg)
+    cfg = reconcile_distribution(cfg, Parallelism.parse({"mixed_precision": "bf16", "gradient_clipping": 0.5,
+                                                         "gradient_accumulation_steps": 2}), world_size=2)
     assert cfg.dtype == "bfloat16" and cfg.max_grad_norm == 0.5
+    assert given.dtype == "auto"  # a new config: the one given is left as it was
     with pytest.raises(ValueError, match="does not match"):
         reconcile_distribution(cfg, Parallelism.parse({"gradient_accumulation_steps": 1}), world_size=2)
     with pytest.raises(ValueError, match="contradicts"):
         reconcile_distribution(cfg, Parallelism.parse({"mixed_precision": "fp32"}), world_size=2)
     untouched = parse_hyperparameters([])
-    reconcile_distribution(untouched, Parallelism.parse({}), world_size=1)
-    assert untouched == parse_hyperparameters([])
+    assert reconcile_distribution(untouched, Parallelism.parse({}), world_size=1) == parse_hyperparameters([])

@@ -15,7 +15,6 @@ from typing import Any
 
 from trainyard.engine.components.contract import CHECKPOINT_CONFIG, PROFILER_CONFIG, TENSORBOARD_CONFIG
 from trainyard.job import catalog
-from trainyard.job.distribution import normalize
 from trainyard.job.spec import JobSpec
 
 GROUP_NAME = "homogeneousCluster"  # SageMaker's instance group name for single-group jobs
@@ -213,8 +212,7 @@ def render_contract(
             "SM_TRAINING_ENV": json.dumps(training_env),
             "TRAINING_JOB_NAME": spec.job_name,
             # the typed distribution, read by trainyard.engine (ignored by other scripts)
-            DISTRIBUTION_ENV: json.dumps(normalize(spec.distribution, world_size=spec.world_size,
-                                                           processes_per_host=spec.processes_per_host)),
+            DISTRIBUTION_ENV: spec.parallelism.to_env(),
         }
     )
     env.update({f"SM_CHANNEL_{c.upper()}": f"{root}/input/data/{c}" for c in channels})

@@ -110,12 +110,23 @@ class Context(Dist):
 _current: Context | None = None
 
 
-def _job_distribution() -> dict:
-    raw = os.environ.get("TRAINYARD_DISTRIBUTION") or "{}"
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"TRAINYARD_DISTRIBUTION is not JSON ({e}): {raw[:200]!r}") from None
+def job_parallelism() -> Parallelism:
+    """The job's layout from `TRAINYARD_DISTRIBUTION` (the SDK writes it from `JobSpec.parallelism`)."""
+    return _parallelism(None)
+
+
+def _parallelism(distribution: dict | Parallelism | None) -> Parallelism:
+    """The engine's one parse of a distribution: one given to `init`/`transform` (any form `Parallelism.parse`
+    accepts), else the job's, `TRAINYARD_DISTRIBUTION`."""
+    if isinstance(distribution, Parallelism):
+        return distribution
+    if distribution is None:
+        raw = os.environ.get("TRAINYARD_DISTRIBUTION") or "{}"
+        try:
+            distribution = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"TRAINYARD_DISTRIBUTION is not JSON ({e}): {raw[:200]!r}") from None
+    return Parallelism.parse(distribution)
 
 
 def init(distribution: dict | Parallelism | None = None) -> Context:
@@ -123,8 +134,7 @@ def init(distribution: dict | Parallelism | None = None) -> Context:
     from `distribution` (any form `Parallelism.parse` accepts), else from the job's (`TRAINYARD_DISTRIBUTION`,
     which the SDK sets). Calling it again returns the current context."""
     global _current
-    par = distribution if isinstance(distribution, Parallelism) else \
-        Parallelism.parse(_job_distribution() if distribution is None else distribution)
+    par = _parallelism(distribution)
     if _current is not None:
         if distribution is not None and par != _current.parallelism:
             raise ValueError("init() was already called with another distribution; pass distribution= to "
@@ -199,7 +209,7 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     torch.compile (the first step then takes longer: the compilation)."""
     backend = backend_of(kernels)
     ctx = current()
-    par = ctx.parallelism if distribution is None else Parallelism.parse(distribution)
+    par = ctx.parallelism if distribution is None else _parallelism(distribution)
     dims = ctx.dims if distribution is None else par.dims(world_size=ctx.world_size,
                                                           processes_per_host=ctx.processes_per_host)
     dims.build_mesh(ctx.device.type)

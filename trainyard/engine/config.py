@@ -202,9 +202,9 @@ def parse_hyperparameters(argv: list[str]) -> TrainConfig:
 _PRECISION_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) -> int:
-    """Apply the parsed distribution `par` to `cfg`, refusing contradictions (ValueError naming both sides);
-    returns the micro-batches per rank per step.
+def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) -> TrainConfig:
+    """`cfg` with the parsed distribution `par` applied (a new config; `cfg` is left as it was), refusing
+    contradictions (ValueError naming both sides).
 
     mixed_precision sets dtype (which must be `auto` or the same); gradient_clipping sets max_grad_norm;
     gradient_accumulation_steps and microbatches (the pipeline's micro-batches) must both equal
@@ -216,9 +216,9 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
         if cfg.dtype not in ("auto", want):
             raise ValueError(f"dtype {cfg.dtype!r} contradicts distribution mixed_precision {par.mixed_precision!r}; "
                              "drop one")
-        cfg.dtype = want
+        cfg = dataclasses.replace(cfg, dtype=want)
     if par.gradient_clipping is not None:
-        cfg.max_grad_norm = float(par.gradient_clipping)
+        cfg = dataclasses.replace(cfg, max_grad_norm=float(par.gradient_clipping))
     dp = par.data_parallel_degree(world_size)
     accum = cfg.accumulation(dp)
     for key in ("gradient_accumulation_steps", "microbatches"):
@@ -236,4 +236,4 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
         check_pipeline(pp=par.pp, schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
                        microbatches=accum, split=par.pipeline_split,
                        n_layers=MODEL_CONFIGS[cfg.model].n_layers if cfg.model in MODEL_CONFIGS else None)
-    return accum
+    return cfg

@@ -11,11 +11,17 @@ import sys
 
 from trainyard.engine import api
 from trainyard.engine.config import TrainConfig, parse_hyperparameters, reconcile_distribution
-from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.engine.trainer import Trainer
 
 
+def load_config(argv: list[str]) -> TrainConfig:
+    """The trainer's configuration, read once: the hyperparameters reconciled with the job's distribution."""
+    return reconcile_distribution(parse_hyperparameters(argv), api.job_parallelism(),
+                                  int(os.environ.get("WORLD_SIZE") or 1))
+
+
 def run(cfg: TrainConfig) -> None:
+    """Train with `cfg` (from `load_config`), then export the model unless SIGTERM stopped it."""
     try:
         trainer = Trainer(cfg)
         if trainer.run() and cfg.save_model:
@@ -26,8 +32,7 @@ def run(cfg: TrainConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = parse_hyperparameters(sys.argv[1:] if argv is None else argv)
-        reconcile_distribution(cfg, Parallelism.parse(api._job_distribution()), int(os.environ.get("WORLD_SIZE") or 1))
+        cfg = load_config(sys.argv[1:] if argv is None else argv)
     except ValueError as e:
         print(f"trainyard.engine.train: error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -1,6 +1,7 @@
 """The built-in trainer, a client of the engine's public API (`api.py`) like any user script.
 
-`Trainer(cfg)` builds: context and mesh (`init`) -> the model on the meta device (the built-in Transformer
+`Trainer(cfg)` takes the configuration `train.load_config` read (hyperparameters reconciled with the job's
+distribution) and builds: context and mesh (`init`) -> the model on the meta device (the built-in Transformer
 of MODEL_CONFIGS, or the Hugging Face causal LM of a model channel) -> `transform` (pipeline stages, TP, AC,
 MiCS, weights) -> pretrained weights if the channel has them -> AdamW + schedule -> the data source (token
 files, text tokenized with the model's tokenizer, or synthetic) -> resume from the newest verified step.
@@ -29,7 +30,7 @@ from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
 from trainyard.engine.components.termination import Termination
-from trainyard.engine.config import TrainConfig, reconcile_distribution
+from trainyard.engine.config import TrainConfig
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
 
@@ -63,7 +64,7 @@ class Trainer:
         self.cfg = cfg
         self.ctx = api.init()
         par = self.ctx.parallelism
-        self.accum = reconcile_distribution(cfg, par, self.ctx.world_size)
+        self.accum = cfg.accumulation(par.data_parallel_degree(self.ctx.world_size))
         torch.manual_seed(cfg.seed)
         self.dtype = self._compute_dtype()
         hf_dir = None

@@ -5,14 +5,16 @@ see nothing else. It round-trips through JSON (`to_json` / `from_json`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog
+from trainyard.job.distribution import typed
 from trainyard.job.errors import ConfigError
 from trainyard.job.kubernetes import KubernetesOptions
 from trainyard.job.metricdefs import check_metric_definitions
@@ -116,6 +118,7 @@ class JobSpec(BaseModel):
     """A fully validated job. `job_name` is None until `fit()` names the job."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _typed: Parallelism = PrivateAttr()
     job_name: str | None = None
     entry_point: str
     """Script path relative to the code root (`train.py`), or an installed module (`trainyard.engine.train`)."""
@@ -127,6 +130,7 @@ class JobSpec(BaseModel):
     instance_count: int = 1
     processes_per_host: int
     distribution: dict[str, Any] = {}
+    """As the user gave it (SageMaker's forms kept for the launcher's parameters); `parallelism` is its typed form."""
     environment: dict[str, str] = {}
     channels: tuple[Channel, ...] = ()
     checkpoint_s3_uri: str | None = None
@@ -253,10 +257,6 @@ class JobSpec(BaseModel):
             return {}
         if not isinstance(v, dict):
             raise ValueError(f"expected a dict such as {{'torch_distributed': {{'enabled': True}}}}, got {v!r}")
-        try:
-            Parallelism.parse(v)  # unknown keys and bad values, named
-        except ValueError as e:
-            raise ValueError(str(e).removeprefix("distribution: ")) from None
         try:
             json.dumps(v, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -443,6 +443,16 @@ class JobSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _parallelism(self) -> "JobSpec":
+        """The one parse of `distribution` on the SDK's side: typed and laid out on this job's world."""
+        try:
+            self._typed = typed(self.distribution, world_size=self.world_size,
+                                processes_per_host=self.processes_per_host)
+        except ValueError as e:
+            raise ValueError(f"distribution: {str(e).removeprefix('distribution: ')}") from None
+        return self
+
+    @model_validator(mode="after")
     def _profiled_ranks(self) -> "JobSpec":
         outside = [r for r in (self.profiler.ranks if self.profiler else ()) if r >= self.world_size]
         if outside:
@@ -468,6 +478,12 @@ class JobSpec(BaseModel):
     @property
     def world_size(self) -> int:
         return self.instance_count * self.processes_per_host
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """`distribution`, typed and laid out on this job's world (its partition group filled in): what the
+        contract's `TRAINYARD_DISTRIBUTION` and the SageMaker request carry to the engine (`.to_env()`)."""
+        return dataclasses.replace(self._typed)
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=1)

@@ -24,9 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainyard.container.contract import user_args
-from trainyard.engine.distributed.parallelism import Parallelism
 from trainyard.job import catalog, lease
-from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
 from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME,
@@ -224,14 +222,12 @@ class Estimator:
                 raise ConfigError("emulated_network", why)
             fields["emulated_network"] = emulated_network
         self._spec = build_spec(**fields)
-        typed = normalize(self._spec.distribution, world_size=self._spec.world_size,
-                          processes_per_host=self._spec.processes_per_host)
-        if typed["mics"]["cpu_offload"] and catalog.lookup(self._spec.instance_type).num_gpus == 0:
+        if self._spec.parallelism.cpu_offload and catalog.lookup(self._spec.instance_type).num_gpus == 0:
             raise ConfigError("distribution", f"mics.cpu_offload moves GPU memory to the host, and "
                                               f"{self._spec.instance_type!r} has no GPU (its model states are in host "
                                               "memory already); set cpu_offload to false, or use a GPU instance type")
         if kind == "module" and entry == BUILTIN_TRAINER:
-            _check_builtin_hyperparameters(self._spec, typed)
+            _check_builtin_hyperparameters(self._spec)
             if tensorboard is not None and local:
                 _check_tensorboard_installed()
         self.tensorboard_output_config, self.profiler_config = tensorboard_output_config, profiler_config
@@ -277,8 +273,7 @@ class Estimator:
         """Add or change hyperparameters (checked as the constructor checks them)."""
         spec = self._spec.evolve(hyperparameters={**self._spec.hyperparameters, **kwargs})
         if spec.entry_kind == "module" and spec.entry_point == BUILTIN_TRAINER:
-            _check_builtin_hyperparameters(spec, normalize(spec.distribution, world_size=spec.world_size,
-                                                           processes_per_host=spec.processes_per_host))
+            _check_builtin_hyperparameters(spec)
         self._spec = spec
 
     def logs(self) -> None:
@@ -608,12 +603,12 @@ def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, opts
     return chosen.layout.distribution(), hyperparameters, record
 
 
-def _check_builtin_hyperparameters(spec: JobSpec, distribution: dict) -> None:
+def _check_builtin_hyperparameters(spec: JobSpec) -> None:
     """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
     # the trainer's config module imports torch (the model presets): only for the built-in trainer
     from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
 
-    par = Parallelism.parse(distribution)
+    par = spec.parallelism
     try:
         cfg = parse_hyperparameters(user_args(spec.hyperparameters))
         cfg.accumulation(par.data_parallel_degree(spec.world_size))  # the batch splits over dp ranks

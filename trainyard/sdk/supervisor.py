@@ -38,7 +38,6 @@ from trainyard.sdk.joblog import LinePump, stamped
 from trainyard.sdk.local import free_port
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 from trainyard.job import space
-from trainyard.job.distribution import normalize
 from trainyard.job.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import containers, image, image_base, netem
@@ -436,10 +435,8 @@ class Supervisor:
     def shrink(self, count: int) -> JobSpec:
         """The job on its first `count` hosts from now on: the spec (and its layout) checked again for them.
         Raises ConfigError when the layout does not fit."""
-        spec = self.spec.evolve(instance_count=count)
-        normalize(spec.distribution, world_size=spec.world_size, processes_per_host=spec.processes_per_host)
-        self.spec = spec
-        return spec
+        self.spec = self.spec.evolve(instance_count=count)  # validates the layout on the smaller world
+        return self.spec
 
     def next_attempt(self, private: bool) -> None:
         """Forget the ended attempt: every process of it gone, its hosts' reports removed, a new rendezvous

@@ -29,6 +29,7 @@ ranks). Torch-free: the SDK parses and checks a distribution with this module be
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,10 +222,18 @@ class Parallelism:
         return world_size // (self.tp * self.pp)
 
     def to_dict(self) -> dict[str, Any]:
-        """The typed form (what `TRAINYARD_DISTRIBUTION` carries to the engine)."""
+        """The typed form, every key."""
         d = dataclasses.asdict(self)
         mics = {k: d.pop(k) for k in MICS_KEYS}
         return {"mics": mics, **d}
+
+    def to_env(self) -> str:
+        """The typed form as `TRAINYARD_DISTRIBUTION` carries it to the engine: JSON of the keys that differ from
+        their defaults (`parse` fills those in again), so that it fits SageMaker's 512 characters a variable."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if v != defaults[k] or k == "partition_group_size"}
+        mics = {k: d.pop(k) for k in MICS_KEYS if k in d}
+        return json.dumps({"mics": mics, **d}, separators=(",", ":"))
 
 
 def _from_smp(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -5,7 +5,7 @@ Enumerated: tensor-parallel degrees dividing the GPUs of a host, pipeline degree
 world (each schedule: GPipe, 1F1B, interleaved 1F1B with 2 virtual stages), every MiCS partition size dividing
 the data-parallel degree, every micro-batch size dividing the per-rank batch, and the three activation
 checkpointing modes, each with and without CPU offload (`mics.cpu_offload`; GPU instances only). Each is
-checked by the SDK's own checks (`Parallelism`, `ParallelDims`, `check_tp`, `check_pipeline`), so the planner
+checked by the SDK's own checks (`job.distribution.typed`, `check_tp`, `check_pipeline`), so the planner
 never proposes a layout `Estimator` refuses. A layout fits when its GPU memory is under the usable part of the
 GPU's and, offloaded, its host memory under its share of the host's. Ranking: layouts that fit, fastest first
 (speeds within 1% count as equal and the one needing less memory wins); then those that do not, least over first.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainyard.engine.distributed.layout import check_pipeline, check_tp
-from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.job.distribution import typed
 from trainyard.job.catalog import LOCAL
 from trainyard.job.errors import ConfigError
 from trainyard.job.plan import memory as memory_model
@@ -87,8 +87,7 @@ def _divisors(n: int) -> list[int]:
 def _valid(shape: ModelShape, layout: Layout, seq_len: int, world: int, gpus_per_host: int) -> bool:
     """The SDK's checks (those Estimator and the engine run) accept the layout."""
     try:
-        par = Parallelism.parse(layout.distribution())
-        par.dims(world_size=world, processes_per_host=gpus_per_host)
+        typed(layout.distribution(), world_size=world, processes_per_host=gpus_per_host)
         check_tp(tp=layout.tp, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, ffn_hidden=shape.ffn_hidden,
                  vocab_size=shape.vocab_size, seq_len=seq_len)
         if layout.pp > 1:

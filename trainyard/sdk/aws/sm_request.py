@@ -73,7 +73,7 @@ def check(spec: JobSpec) -> None:
                                                  "value (JSON-encoded); pass large values as a file in a channel")
     if len(spec.environment) + 2 > MAX_ENV_ENTRIES:
         raise ConfigError("environment", f"SageMaker takes at most {MAX_ENV_ENTRIES} variables (2 are Trainyard's)")
-    for k, v in {**spec.environment, DISTRIBUTION_ENV: json.dumps(spec.distribution)}.items():
+    for k, v in {**spec.environment, DISTRIBUTION_ENV: spec.parallelism.to_env()}.items():
         if len(v) > MAX_ENV_VALUE:
             what = "distribution" if k == DISTRIBUTION_ENV else "environment"
             raise ConfigError(what, f"{k}: SageMaker keeps at most {MAX_ENV_VALUE} characters of a variable, "
@@ -127,7 +127,7 @@ def create_training_job_request(spec: JobSpec, *, spec_uri: str, region: str) ->
         "ResourceConfig": resources,
         "StoppingCondition": stopping,
         "EnableManagedSpotTraining": bool(spec.use_spot_instances),
-        "Environment": {**spec.environment, DISTRIBUTION_ENV: json.dumps(spec.distribution),
+        "Environment": {**spec.environment, DISTRIBUTION_ENV: spec.parallelism.to_env(),
                         SPEC_URI_ENV: spec_uri},
     }
     if spec.channels:
