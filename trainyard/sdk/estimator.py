@@ -27,10 +27,10 @@ from trainyard.container.contract import user_args
 from trainyard.job import catalog, lease
 from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
-from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME, MODULE_NAME,
+from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME,
                                 JobSpec, build_spec)
 from trainyard.job.uris import check_storage_uri, join
-from trainyard.sdk import gitsource, packaging, terraform
+from trainyard.sdk import arguments, packaging, terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.debugger import profiler_request, tensorboard_output
@@ -39,39 +39,9 @@ from trainyard.sdk.job import LOG_MODES
 from trainyard.sdk.jobstate import TERMINAL, job_dir
 from trainyard.sdk.k8s import check as k8s_check, manifests as k8s_manifests
 from trainyard.sdk.netem import unavailable_reason
-from trainyard.sdk.session import Session, default_output_path
+from trainyard.sdk.session import default_output_path
 from trainyard.sdk.versions import check_framework
 
-# SageMaker arguments that ask for a service Trainyard does not run, with the values that ask for nothing
-# (those are not reported). Any other value is accepted and named once as having no effect.
-INERT_UNLESS = {
-    "keep_alive_period_in_seconds": (None, 0),
-    "volume_kms_key": (None,),
-    "output_kms_key": (None,),
-    "rules": (None, [], ()),
-    "debugger_hook_config": (None, False),
-    "enable_network_isolation": (None, False),
-    "encrypt_inter_container_traffic": (None, False),
-    "training_repository_access_mode": (None,),
-    "training_repository_credentials_provider_arn": (None,),
-    "enable_infra_check": (None, False),
-    "container_entry_point": (None,),
-    "container_arguments": (None,),
-    "disable_output_compression": (None, False),
-    "enable_remote_debug": (None, False),
-    "enable_session_tag_chaining": (None, False),
-    "training_plan": (None,),
-    "instance_placement_config": (None,),
-    "compiler_config": (None,),
-    "enable_sagemaker_metrics": (None, True, False),
-}
-# EC2 arguments that SageMaker's local mode ignores: accepted and reported for local jobs (image_uri but for
-# instance_type "local": its hosts then run in containers of the image)
-EC2_ONLY = ("image_uri", "subnets", "security_group_ids", "use_spot_instances", "max_wait", "volume_size",
-            "capacity_reservation_id", "network")
-EC2_DEFAULTS = {"image_uri": None, "subnets": None, "security_group_ids": None, "use_spot_instances": False,
-                "max_wait": None, "volume_size": 30, "capacity_reservation_id": None, "network": None}
-INPUT_MODES = ("File", "FastFile")
 
 
 class Estimator:
@@ -137,48 +107,29 @@ class Estimator:
         profiler: dict | None = None,
         **sagemaker_only,
     ):
-        unknown = [k for k in sagemaker_only if k not in INERT_UNLESS]
+        unknown = [k for k in sagemaker_only if k not in arguments.INERT_UNLESS]
         if unknown:  # a TypeError (as Python's own) naming the closest argument
             raise UnknownArgumentError(f"{type(self).__name__}()", unknown, _arguments(type(self)))
-        if training_recipe is not None or recipe_overrides:
-            raise ConfigError("training_recipe", "SageMaker HyperPod recipes are not run by Trainyard; give an "
-                                                 "entry_point (e.g. 'trainyard.engine.train') and hyperparameters")
-        if instance_groups:
-            raise ConfigError("instance_groups", "heterogeneous clusters are not supported; give instance_type and "
-                                                 "instance_count")
-        if input_mode not in INPUT_MODES:
-            raise ConfigError("input_mode", f"{input_mode!r} is not supported: Trainyard stages channels as files; "
-                                            "use 'File' or 'FastFile' (both give the script the same files)")
+        arguments.refuse_unsupported(training_recipe=training_recipe, recipe_overrides=recipe_overrides,
+                                     instance_groups=instance_groups, input_mode=input_mode)
         session = sagemaker_session
         if boto_session is None and session is not None:
             boto_session = getattr(session, "boto_session", None)
         itype = catalog.lookup(instance_type)
         local = itype.is_local
-        keep_alive = sagemaker_only.pop("keep_alive_period_in_seconds", None) if backend == "sagemaker" else None
-        inert = [k for k, v in sagemaker_only.items() if not _asks_nothing(v, INERT_UNLESS[k])]
         tensorboard = tensorboard_output(tensorboard_output_config)
         profiling = profiler_request(profiler, profiler_config, disable_profiler)
-        if profiling.inert:  # SageMaker's system monitor only
-            inert.append("profiler_config")
-        ec2 = dict(image_uri=image_uri, subnets=subnets, security_group_ids=security_group_ids,
-                   use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size,
-                   capacity_reservation_id=capacity_reservation_id, network=network)
-        if local:  # image_uri runs local hosts in containers of that image (sdk/containers.py); the rest is EC2's
-            if image_uri is not None and instance_type != "local":
-                raise ConfigError("image_uri", f"local hosts run in an image on instance_type 'local' (the CPU image); "
-                                               f"{instance_type!r} runs them as processes of this machine: drop "
-                                               "image_uri, or use instance_type='local'")
-            inert += [k for k in EC2_ONLY if k != "image_uri" and ec2[k] != EC2_DEFAULTS[k] and ec2[k] != []]
-            ec2 = {**EC2_DEFAULTS, "image_uri": image_uri}
+        sorted_out = arguments.triage(
+            instance_type=instance_type, backend=backend, sagemaker_only=sagemaker_only, profiler_inert=profiling.inert,
+            ec2=dict(image_uri=image_uri, subnets=subnets, security_group_ids=security_group_ids,
+                     use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size,
+                     capacity_reservation_id=capacity_reservation_id, network=network))
         self.git_config = git_config
-        self._repo = gitsource.clone(git_config) if git_config else None
-        if self._repo is not None:
-            source_dir = os.path.join(self._repo, source_dir) if source_dir else self._repo
-            dependencies = [os.path.join(self._repo, d) for d in dependencies or []]
+        source_dir, dependencies, self._repo = arguments.source(git_config, source_dir, dependencies)
         self.instance_type = instance_type
         self.source_dir = source_dir
-        self.dependencies = _check_dependencies(dependencies)
-        self._entry_file, entry, kind = _resolve_entry_point(entry_point, source_dir)
+        self.dependencies = arguments.check_dependencies(dependencies)
+        self._entry_file, entry, kind = arguments.resolve_entry_point(entry_point, source_dir)
         if output_path is None:
             output_path = default_output_path(session, local=local)
         if code_location is not None:
@@ -188,8 +139,8 @@ class Estimator:
         _check_job_name("base_job_name", self.base_job_name, max_len=63 - len("-YYYYMMDD-HHMMSS-fff"))
         self.framework_version, self.py_version = framework_version, py_version
         notes = check_framework(self._versions(), py_version, local=local)
-        auto = _auto_options(distribution)
-        processes = _processes_per_host(itype, None if auto is not None else distribution, processes_per_host)
+        auto = arguments.auto_options(distribution)
+        processes = arguments.processes_per_host(itype, None if auto is not None else distribution, processes_per_host)
         planned = None
         self._plan_options = auto or {}
         if auto is not None:  # the plan's best fitting layout (docs/plan.md)
@@ -201,14 +152,14 @@ class Estimator:
             environment=environment, checkpoint_s3_uri=checkpoint_s3_uri, output_path=output_path, max_run=max_run,
             role=role, max_retry_attempts=0 if max_retry_attempts is None else max_retry_attempts,
             hang_timeout_s=hang_timeout_s, elastic=elastic, backend=backend, kubernetes=kubernetes,
-            keep_alive_period_in_seconds=keep_alive,
+            keep_alive_period_in_seconds=sorted_out.keep_alive,
             input_mode=input_mode, tags=tags, metric_definitions=metric_definitions,
             enable_sagemaker_metrics=sagemaker_only.get("enable_sagemaker_metrics"),
-            container_log_level=container_log_level, inert=tuple(inert),
+            container_log_level=container_log_level, inert=sorted_out.inert,
             tensorboard_output_config=tensorboard, profiler=profiling.profiler,
             framework={**self._framework, **{k: v for k, (_, v) in self._versions().items() if v},
                        **({"py_version": py_version} if py_version else {})},
-            **ec2,
+            **sorted_out.ec2,
         )
         if checkpoint_local_path is not None:
             fields["checkpoint_local_path"] = checkpoint_local_path
@@ -238,7 +189,7 @@ class Estimator:
         self.sagemaker_session = session
         self.boto_session = boto_session  # EC2 jobs: the boto3 Session of every AWS call (default: boto3's)
         self.latest_training_job = None
-        self.inert_arguments = tuple(inert)
+        self.inert_arguments = inert = sorted_out.inert
         for note in [*notes, *([profiling.note] if profiling.note else [])]:
             print(f"[trainyard] {note}", file=sys.stderr)
         if inert:
@@ -455,101 +406,13 @@ class Estimator:
 def _arguments(cls: type) -> frozenset[str]:
     """Every keyword `cls(...)` takes: the named parameters of its and its Estimator bases' `__init__`,
     and the SageMaker arguments accepted with no effect."""
-    names = set(INERT_UNLESS)
+    names = set(arguments.INERT_UNLESS)
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is not None and issubclass(klass, Estimator):
             names |= {p.name for p in inspect.signature(init).parameters.values()
                       if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     return frozenset(names - {"self"})
-
-
-def _asks_nothing(value: Any, defaults: tuple) -> bool:
-    return any(value is d or (type(value) is type(d) and value == d) for d in defaults)
-
-
-def _processes_per_host(itype: catalog.InstanceType, distribution: dict | None, given: int | None) -> int:
-    """SageMaker's rule: one process per GPU (or NeuronCore), one on a CPU host, unless `mpi` says how many
-    (`processes_per_host`) or the `processes_per_host` argument does."""
-    mpi = (distribution or {}).get("mpi") if isinstance(distribution, dict) else None
-    from_mpi = mpi.get("processes_per_host") if isinstance(mpi, dict) and mpi.get("enabled") else None
-    if from_mpi is not None and given is not None and from_mpi != given:
-        raise ConfigError("processes_per_host", f"{given} contradicts distribution mpi.processes_per_host "
-                                                f"({from_mpi}); give one of them")
-    if given is not None:
-        return given
-    if from_mpi is not None:
-        return from_mpi
-    return itype.processes_per_host
-
-
-def _check_dependencies(dependencies: object) -> tuple[str, ...]:
-    if not dependencies:
-        return ()
-    if isinstance(dependencies, str) or not isinstance(dependencies, (list, tuple)):
-        raise ConfigError("dependencies", f"expected a list of paths (folders or files), got {dependencies!r}")
-    for d in dependencies:
-        if not isinstance(d, str) or not os.path.exists(d):
-            raise ConfigError("dependencies", f"{d!r} does not exist; give folders or files on this machine")
-    names = [os.path.basename(os.path.normpath(d)) for d in dependencies]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError("dependencies", f"two dependencies would land at the same name {dup} in the code folder")
-    return tuple(dependencies)
-
-
-def _resolve_entry_point(entry_point: object, source_dir: str | None) -> tuple[str | None, str, str]:
-    """-> (file to package when there is no source_dir, entry point as the job sees it, 'script'|'module')."""
-    if not isinstance(entry_point, str) or not entry_point.strip():
-        raise ConfigError("entry_point", "missing: give a script ('train.py', inside source_dir) or an installed "
-                                         "module ('trainyard.engine.train')")
-    if source_dir is not None:
-        if not isinstance(source_dir, str) or not os.path.isdir(source_dir):
-            raise ConfigError("source_dir", f"{source_dir!r} is not a directory; give the folder holding {entry_point!r}")
-        if os.path.isabs(entry_point) or ".." in entry_point.replace("\\", "/").split("/"):
-            inside = os.path.relpath(os.path.realpath(os.path.join(source_dir, entry_point)),
-                                     os.path.realpath(source_dir))
-            if inside.startswith(".."):
-                raise ConfigError("entry_point", f"{entry_point!r} is outside source_dir {source_dir!r}: the job runs "
-                                                 "the code packaged from source_dir; give the script's path inside it "
-                                                 "(e.g. 'train.py'), or drop source_dir to ship this file alone")
-            entry_point = inside
-        if os.path.isfile(os.path.join(source_dir, entry_point)):
-            return None, entry_point, "script"
-        if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
-            return None, entry_point, "module"
-        raise ConfigError("entry_point", f"{entry_point!r} is not a file in source_dir {source_dir!r}")
-    if os.path.isfile(entry_point):
-        return entry_point, os.path.basename(entry_point), "script"
-    if MODULE_NAME.match(entry_point) and not entry_point.endswith(".py"):
-        try:
-            found = importlib.util.find_spec(entry_point) is not None
-        except (ImportError, ValueError):
-            found = False
-        if found:
-            return None, entry_point, "module"
-    raise ConfigError("entry_point", f"{entry_point!r} is neither a file nor an installed module; pass source_dir "
-                                     "with the script in it, or a module name such as 'trainyard.engine.train'")
-
-
-AUTO_KEYS = ("model", "seq_len", "global_batch_size", "micro_batch_size", "precision")
-
-
-def _auto_options(distribution: object) -> dict | None:
-    """None unless `distribution` is "auto" ({}) or {"auto": {model, seq_len, global_batch_size, micro_batch_size,
-    precision}} (what the planner needs of a script of your own, or a Hugging Face model's config)."""
-    if distribution == "auto":
-        return {}
-    if not (isinstance(distribution, dict) and "auto" in distribution):
-        return None
-    opts = distribution["auto"]
-    if len(distribution) > 1 or not isinstance(opts, dict):
-        raise ConfigError("distribution", 'the planned form is "auto" or {"auto": {"model": PRESET|CONFIG.json|DIR, '
-                                          '"seq_len": N, "global_batch_size": N}} alone; got ' + repr(distribution))
-    bad = [k for k in opts if k not in AUTO_KEYS]
-    if bad:
-        raise ConfigError("distribution", f"auto: unknown key(s) {bad}; known: {list(AUTO_KEYS)}")
-    return dict(opts)
 
 
 def _plan_inputs(entry: str, kind: str, hyperparameters: dict | None, opts: dict, model_uri: str | None,
