@@ -25,9 +25,9 @@ import sys
 import time
 from urllib.parse import urlparse
 
-from trainyard.container import hostnames
+from trainyard.container import attempts, hostnames
 from trainyard.container.contract import render_contract, write_contract
-from trainyard.container.failure import ECHO_SETTLE_S, FAILURE_REASON_LIMIT, RankFailure, retry_class, root_cause
+from trainyard.container.failure import ECHO_SETTLE_S, RankFailure, root_cause
 from trainyard.container.hang import HangWatch, respond
 from trainyard.container.hostnames import RESOLVES_ENV
 from trainyard.container.lifeline import ENV as LIFELINE_ENV
@@ -390,40 +390,38 @@ class Supervisor:
         whole job again, up to `max_retry_attempts` times: the built-in trainer (and a script that calls
         `load_checkpoint`) resumes from the last committed checkpoint. Each attempt is recorded in the status
         document's `Attempts`. Returns (outcome, FailureReason)."""
-        spec, st = self.spec, self.status
+        st = self.status
         attempt = 1
-        deadline = time.monotonic() + spec.max_run  # max_run bounds the attempts together
+        deadline = time.monotonic() + self.spec.max_run  # max_run bounds the attempts together
         while True:
-            started = now_iso()
+            spec, started = self.spec, now_iso()
             self.start_drivers(private)
-            outcome = self.monitor(deadline)
+            outcome = self.monitor(deadline)  # poll
             reason = self.failure_reason() if outcome == "Failed" else ""
-            cls = retry_class(reason) if outcome == "Failed" else None
-            entry = {"Attempt": attempt, "StartTime": started, "EndTime": now_iso(), "Outcome": outcome,
-                     "InstanceCount": spec.instance_count}
-            if reason:
-                entry.update(FailureReason=reason[:FAILURE_REASON_LIMIT], RetryClass=cls)
-            st.update(Attempts=[*st.doc.get("Attempts", []), entry])
-            if outcome != "Failed" or cls is None or attempt > spec.max_retry_attempts or self.stop_requested():
-                if outcome == "Failed" and cls is None and spec.max_retry_attempts:
-                    _log(f"attempt {attempt} failed with an error a retry does not cure: not retried")
+            decision = attempts.decide(  # decide
+                outcome=outcome, reason=reason, attempt=attempt, max_retry_attempts=spec.max_retry_attempts,
+                instance_count=spec.instance_count, stopping=self.stop_requested(),
+                lost_hosts=self.lost_hosts() if spec.elastic and outcome == "Failed" else (),
+                elastic_min=spec.elastic.min_instance_count if spec.elastic else None)
+            attempts.record(st, attempt, outcome, reason, decision.retry_class, StartTime=started, EndTime=now_iso(),
+                            InstanceCount=spec.instance_count)
+            if decision.action == "end":  # act
+                if decision.why and decision.retry_class is None:
+                    _log(decision.why)
                 return outcome, reason
-            attempt += 1
-            why = f"attempt {attempt - 1} failed ({cls}): {reason.splitlines()[0][:200]}"
-            lost = self.lost_hosts() if cls == "lost host" and spec.elastic else []
-            if lost and spec.instance_count - len(lost) >= spec.elastic.min_instance_count:
+            if decision.action == "shrink":
                 try:
-                    spec = self.shrink(spec.instance_count - len(lost))
+                    self.shrink(decision.hosts)
                 except ConfigError as e:
                     return outcome, f"{reason}\nelastic: {e}"
-                why += f"; elastic: {', '.join(lost)} lost for good, going on with {spec.instance_count} host(s)"
-            _log(f"{why}; restarting the whole job from its last committed checkpoint, attempt {attempt} of "
+            attempt += 1
+            _log(f"{decision.why}; restarting the whole job from its last committed checkpoint, attempt {attempt} of "
                  f"{spec.max_retry_attempts + 1}")
-            st.transition("Restarting", f"{why}; attempt {attempt} of {spec.max_retry_attempts + 1}")
+            st.transition("Restarting", f"{decision.why}; attempt {attempt} of {spec.max_retry_attempts + 1}")
             self.next_attempt(private)
-            if lost and self.spec.channels:
+            if decision.action == "shrink" and self.spec.channels:
                 self.stage_channels()  # each host's share of a sharded channel changes with the host count
-            st.transition("Training", f"attempt {attempt}: training on {spec.instance_count} host(s) x "
+            st.transition("Training", f"attempt {attempt}: training on {self.spec.instance_count} host(s) x "
                                       f"{spec.processes_per_host} process(es)")
 
     def lost_hosts(self) -> list[str]:

@@ -30,7 +30,8 @@ import signal
 import sys
 import time
 
-from trainyard.container.failure import ECHO_SETTLE_S, cause_rank, first_cause, retry_class
+from trainyard.container import attempts
+from trainyard.container.failure import ECHO_SETTLE_S, cause_rank, first_cause
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
@@ -182,12 +183,12 @@ class Controller:
                     if reason.startswith("MaxRuntimeExceeded"):  # the node's own guard fired first
                         outcome = "MaxRuntimeExceeded"
                         break
-                    cls = retry_class(reason)  # a failure a retry may cure starts the job again, whole
-                    self.record_attempt(attempt, "Failed", reason, cls)
-                    if cls is None or not self.retry(attempt, f"{reason.splitlines()[0][:120]} ({cls})", started,
-                                                     status="Restarting"):
-                        if cls is None and spec.max_retry_attempts:
-                            _log(f"attempt {attempt} failed with an error a retry does not cure: not retried")
+                    decision = self.decide(attempt, "Failed", reason)
+                    if decision.action == "end" or not self.retry(
+                            attempt, f"{reason.splitlines()[0][:120]} ({decision.retry_class})", started,
+                            status="Restarting"):
+                        if decision.why and decision.retry_class is None:
+                            _log(decision.why)
                         break
                     attempt, failed_at = attempt + 1, None
                     continue
@@ -205,9 +206,9 @@ class Controller:
                 if interrupted or vanished:
                     what = f"hosts {interrupted} interrupted" if interrupted else f"instances {vanished} ended"
                     when = progress.interrupted_at([docs[h] for h in interrupted])
-                    self.record_attempt(attempt, "Interrupted", what, "lost host")
-                    if not self.retry(attempt, what, started, when):
-                        reason = f"{what} and no retry is left (max_retry_attempts)"
+                    decision = self.decide(attempt, "Interrupted", what)
+                    if decision.action == "end" or not self.retry(attempt, what, started, when):
+                        reason = decision.why or f"{what}: no new capacity came before max_wait"
                         break
                     attempt += 1
                     continue
@@ -234,21 +235,22 @@ class Controller:
             return True
         return False
 
-    def record_attempt(self, attempt: int, outcome: str, reason: str, cls: str | None) -> None:
-        """An ended attempt in the status document's `Attempts` (describe() shows them)."""
-        entry = {"Attempt": attempt, "EndTime": now_iso(), "Outcome": outcome, "FailureReason": reason[:1024],
-                 "RetryClass": cls}
-        self.status.update(Attempts=[*self.status.doc.get("Attempts", []), entry])
+    def decide(self, attempt: int, outcome: str, reason: str) -> attempts.Decision:
+        """What follows the attempt (container/attempts.py; new instances replace lost ones: the job never
+        shrinks here), recorded in the status document's `Attempts`."""
+        spec = self.spec
+        decision = attempts.decide(outcome=outcome, reason=reason, attempt=attempt, instance_count=spec.instance_count,
+                                   max_retry_attempts=spec.max_retry_attempts, stopping=self.stopping)
+        attempts.record(self.status, attempt, outcome, reason, decision.retry_class, EndTime=now_iso())
+        return decision
 
     def retry(self, attempt: int, what: str, started: float, when: str | None = None,
               status: str = "Interrupted") -> bool:
-        """Launch the next attempt on new capacity (new instances: a vanished one is replaced) when the job
-        may retry (`max_retry_attempts`). Returns False when it may not. `when`: the time of the
+        """Launch the next attempt on new capacity (new instances: a vanished one is replaced), as `decide`
+        said. Returns False when none came (a stop, or max_wait passed). `when`: the time of the
         interruption, when a node reported it; `status`: Interrupted (spot, lost instances) or Restarting
         (a failure a retry may cure)."""
         spec = self.spec
-        if attempt > spec.max_retry_attempts:
-            return False
         self.status.transition(status, f"{what}; launching attempt {attempt + 1} of "
                                         f"{spec.max_retry_attempts + 1} on new capacity", at=when)
         ids = list(self.instance_states(attempt))

@@ -15,10 +15,10 @@ of the API (`validate`).
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
+from trainyard.container import attempts
 from trainyard.container.contract import DISTRIBUTION_ENV, SPEC_URI_ENV, hp_json
 from trainyard.job import catalog
 from trainyard.job.errors import ConfigError
@@ -134,8 +134,7 @@ def create_training_job_request(spec: JobSpec, *, spec_uri: str, region: str) ->
         req["InputDataConfig"] = [_channel(ch) for ch in spec.channels]
     if spec.checkpoint_s3_uri:
         req["CheckpointConfig"] = {"S3Uri": spec.checkpoint_s3_uri, "LocalPath": spec.checkpoint_local_path}
-    if spec.max_retry_attempts:
-        req["RetryStrategy"] = {"MaximumRetryAttempts": spec.max_retry_attempts}
+    req.update(attempts.sagemaker_retry(spec.max_retry_attempts))
     if spec.subnets:
         req["VpcConfig"] = {"Subnets": list(spec.subnets), "SecurityGroupIds": list(spec.security_group_ids)}
     if spec.tags:

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from trainyard.container import attempts
 from trainyard.container.contract import CONFIG_DIR, JOB_FILE, KUBERNETES_CONFIG_DIR, render_contract
 from trainyard.job import catalog
 from trainyard.job.kubernetes import KubernetesOptions
@@ -200,13 +201,12 @@ def pod_template(spec: JobSpec) -> dict[str, Any]:
 def pytorchjob(spec: JobSpec) -> dict[str, Any]:
     """The Kubeflow PyTorchJob: 1 Master and N-1 Workers; a failed pod restarts (OnFailure) up to
     max_retry_attempts times in all (backoffLimit), or the job fails at once (Never); max_run is its deadline."""
-    retries = spec.max_retry_attempts
+    retry = attempts.kubernetes_retry(spec.max_retry_attempts)
     template = pod_template(spec)
 
     def replicas(n: int) -> dict[str, Any]:
         # a copy each: a YAML dump would otherwise write the second as an alias of the first
-        return {"replicas": n, "restartPolicy": "OnFailure" if retries else "Never",
-                "template": copy.deepcopy(template)}
+        return {"replicas": n, "restartPolicy": retry["restartPolicy"], "template": copy.deepcopy(template)}
 
     specs = {"Master": replicas(1)}
     if spec.instance_count > 1:
@@ -216,7 +216,7 @@ def pytorchjob(spec: JobSpec) -> dict[str, Any]:
         metadata["annotations"] = {TAGS_ANNOTATION: json.dumps(spec.tags, sort_keys=True)}
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
             "spec": {"runPolicy": {"cleanPodPolicy": "None",  # the pods stay after the end: their logs stay readable
-                                   "backoffLimit": retries, "activeDeadlineSeconds": spec.max_run},
+                                   "backoffLimit": retry["backoffLimit"], "activeDeadlineSeconds": spec.max_run},
                      "nprocPerNode": str(spec.processes_per_host),
                      "pytorchReplicaSpecs": specs}}
 

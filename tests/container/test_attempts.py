@@ -1,0 +1,79 @@
+"""The one attempt policy (container/attempts.py), decided in-process with no job: outcome and FailureReason ->
+restart, shrink or end, and the SageMaker and Kubernetes translations of max_retry_attempts."""
+import pytest
+
+from trainyard.container import attempts
+
+HANG = "Hang: rank 3 (algo-2) stopped in backward at step 41 (SIGSTOP); ranks 0-2 wait in all_reduce #9"
+USER = "algo-1 rank 0 (local rank 0) exited with code 1:\nValueError: boom"
+KILLED = "algo-2 rank 3 (local rank 1) was killed by SIGKILL"
+LOST = "algo-2: the driver exited with status -9 and no report"
+
+
+def _decide(outcome="Failed", reason=HANG, attempt=1, retries=2, count=2, **kw):
+    return attempts.decide(outcome=outcome, reason=reason, attempt=attempt, max_retry_attempts=retries,
+                           instance_count=count, **kw)
+
+
+# (outcome, reason, attempt, max_retry_attempts, lost hosts, elastic min) -> (action, retry class, hosts)
+TABLE = [
+    ("Completed", "", 1, 2, (), None, "end", None, 2),
+    ("Stopped", "", 1, 2, (), None, "end", None, 2),
+    ("MaxRuntimeExceeded", "", 1, 2, (), None, "end", None, 2),
+    ("Failed", USER, 1, 2, (), None, "end", None, 2),  # the user's error: never retried
+    ("Failed", HANG, 1, 2, (), None, "restart", "hang", 2),
+    ("Failed", KILLED, 2, 2, (), None, "restart", "killed process", 2),
+    ("Failed", KILLED, 3, 2, (), None, "end", "killed process", 2),  # retries spent
+    ("Failed", HANG, 1, 0, (), None, "end", "hang", 2),
+    ("Failed", LOST, 1, 2, ("algo-2",), None, "restart", "lost host", 2),  # no elastic: the same hosts again
+    ("Failed", LOST, 1, 2, ("algo-2",), 1, "shrink", "lost host", 1),
+    ("Failed", LOST, 1, 2, ("algo-2",), 2, "restart", "lost host", 2),  # fewer than elastic's minimum left
+    ("Failed", HANG, 1, 2, ("algo-2",), 1, "restart", "hang", 2),  # only a lost host shrinks the job
+    ("Interrupted", "hosts ['algo-1'] interrupted", 1, 1, (), None, "restart", "lost host", 2),
+    ("Interrupted", "hosts ['algo-1'] interrupted", 2, 1, (), None, "end", "lost host", 2),
+]
+
+
+@pytest.mark.parametrize("outcome,reason,attempt,retries,lost,elastic_min,action,cls,hosts", TABLE)
+def test_decide(outcome, reason, attempt, retries, lost, elastic_min, action, cls, hosts):
+    d = _decide(outcome, reason, attempt, retries, lost_hosts=lost, elastic_min=elastic_min)
+    assert (d.action, d.retry_class, d.hosts) == (action, cls, hosts), d
+
+
+def test_the_reasons_read_as_the_logs_say_them():
+    assert _decide(reason=USER).why == "attempt 1 failed with an error a retry does not cure: not retried"
+    assert _decide(reason=USER, retries=0).why == ""  # nothing to say when no retry was asked for
+    assert _decide(reason=HANG).why == f"attempt 1 failed (hang): {HANG}"
+    assert _decide(reason=LOST, lost_hosts=("algo-2",), elastic_min=1).why.endswith(
+        "; elastic: algo-2 lost for good, going on with 1 host(s)")
+    assert _decide("Interrupted", "hosts ['algo-1'] interrupted", attempt=3).why == \
+        "hosts ['algo-1'] interrupted and no retry is left (max_retry_attempts=2)"
+
+
+def test_a_stop_ends_the_job_whatever_failed():
+    assert _decide(stopping=True).action == "end"
+
+
+class _Status:
+    def __init__(self):
+        self.doc = {}
+
+    def update(self, **kw):
+        self.doc.update(kw)
+
+
+def test_record_appends_each_attempt():
+    st = _Status()
+    attempts.record(st, 1, "Failed", "x" * 2000, "hang", InstanceCount=2)
+    attempts.record(st, 2, "Completed")
+    first, second = st.doc["Attempts"]
+    assert first["Attempt"] == 1 and first["Outcome"] == "Failed" and first["RetryClass"] == "hang"
+    assert len(first["FailureReason"]) == 1024 and first["InstanceCount"] == 2
+    assert second == {"Attempt": 2, "Outcome": "Completed"}
+
+
+def test_sagemaker_and_kubernetes_translations():
+    assert attempts.sagemaker_retry(0) == {}
+    assert attempts.sagemaker_retry(3) == {"RetryStrategy": {"MaximumRetryAttempts": 3}}
+    assert attempts.kubernetes_retry(0) == {"restartPolicy": "Never", "backoffLimit": 0}
+    assert attempts.kubernetes_retry(2) == {"restartPolicy": "OnFailure", "backoffLimit": 2}

@@ -1,0 +1,76 @@
+"""What follows an ended attempt of a job: one policy for every backend.
+
+`decide` reads how an attempt ended and says what comes next: `restart` the whole job (it resumes from its
+last committed checkpoint), `shrink` it onto the hosts that are left (`elastic`, where a lost host cannot
+come back), or `end` it. The local supervisor and the EC2 controller poll their hosts, call `decide`, and act;
+`record` writes the attempt into the status document's `Attempts` (describe() shows them). SageMaker and
+Kubernetes restart jobs themselves: `sagemaker_retry` and `kubernetes_retry` translate `max_retry_attempts`
+into their requests.
+
+The numbers: attempt 1 is the first run; `max_retry_attempts` more may follow, for a failure that a retry may
+cure (container/failure.py `retry_class`: a hang, a killed process, a lost host, a collective error, a full
+disk) or an interruption (a spot reclaim, an instance gone). A user's error is never retried.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainyard.container.failure import FAILURE_REASON_LIMIT, retry_class
+
+Action = Literal["restart", "shrink", "end"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    why: str
+    """One line for the log and the status message ("" when the attempt simply ended)."""
+    retry_class: str | None
+    hosts: int
+    """The host count of the next attempt (fewer than now only for `shrink`)."""
+
+
+def decide(*, outcome: str, reason: str, attempt: int, max_retry_attempts: int, instance_count: int,
+           lost_hosts: Sequence[str] = (), elastic_min: int | None = None, stopping: bool = False) -> Decision:
+    """What follows attempt `attempt`, which ended with `outcome` ("Completed", "Failed", "Interrupted",
+    "Stopped", "MaxRuntimeExceeded") and `reason` (its FailureReason). `lost_hosts`: hosts gone for good;
+    `elastic_min`: the job's `elastic.min_instance_count` (None without elastic); `stopping`: a stop was asked."""
+    cls = "lost host" if outcome == "Interrupted" else retry_class(reason) if outcome == "Failed" else None
+    if outcome not in ("Failed", "Interrupted") or stopping:
+        return Decision("end", "", cls, instance_count)
+    if cls is None:
+        why = f"attempt {attempt} failed with an error a retry does not cure: not retried" if max_retry_attempts \
+            else ""
+        return Decision("end", why, None, instance_count)
+    if attempt > max_retry_attempts:
+        return Decision("end", f"{reason.splitlines()[0] if reason else outcome} and no retry is left "
+                               f"(max_retry_attempts={max_retry_attempts})", cls, instance_count)
+    why = f"attempt {attempt} failed ({cls}): {reason.splitlines()[0][:200] if reason else outcome}"
+    left = instance_count - len(lost_hosts)
+    if cls == "lost host" and lost_hosts and elastic_min is not None and left >= elastic_min:
+        return Decision("shrink", f"{why}; elastic: {', '.join(lost_hosts)} lost for good, going on with {left} "
+                                  "host(s)", cls, left)
+    return Decision("restart", why, cls, instance_count)
+
+
+def record(status, attempt: int, outcome: str, reason: str = "", cls: str | None = None, **extra: Any) -> None:
+    """Attempt `attempt` in the status document's `Attempts` (`status`: a job's Status, sdk/jobstate.py):
+    its outcome, its FailureReason (SageMaker's first 1024 characters) and retry class when it failed, and
+    `extra` (StartTime, InstanceCount ...)."""
+    entry: dict[str, Any] = {"Attempt": attempt, **extra, "Outcome": outcome}
+    if reason:
+        entry.update(FailureReason=reason[:FAILURE_REASON_LIMIT], RetryClass=cls)
+    status.update(Attempts=[*status.doc.get("Attempts", []), entry])
+
+
+def sagemaker_retry(max_retry_attempts: int) -> dict[str, Any]:
+    """CreateTrainingJob's part: SageMaker restarts a job that failed with an internal error, up to this count."""
+    return {"RetryStrategy": {"MaximumRetryAttempts": max_retry_attempts}} if max_retry_attempts else {}
+
+
+def kubernetes_retry(max_retry_attempts: int) -> dict[str, Any]:
+    """The PyTorchJob's part: a failed pod restarts (OnFailure) up to `max_retry_attempts` times in all
+    (backoffLimit), or the job fails at once (Never)."""
+    return {"restartPolicy": "OnFailure" if max_retry_attempts else "Never", "backoffLimit": max_retry_attempts}
