@@ -41,6 +41,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 from trainyard.container import efa, lifeline, requirements
 from trainyard.container.hostnames import RESOLVES_ENV
@@ -312,7 +313,31 @@ def full_disk(root: str, reason: str) -> str:
     return f"{reason}\n{note}"
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class HostRun:
+    """One host's run of the job, as `prepare` read it from the contract files."""
+    spec: JobSpec
+    job: dict
+    index: int
+    host: str
+    root: str
+    master_addr: str
+    status_file: str
+    log_dir_arg: str | None
+    phases: PhaseLog
+    status: dict = field(default_factory=dict)
+
+    @property
+    def code_dir(self) -> str:
+        return f"{self.root}/code"
+
+    def say(self, msg: str) -> None:
+        _say(self.host, msg)
+
+
+def prepare(argv: list[str] | None) -> HostRun:
+    """The host's job from `<root>/input/config/trainyard.json`, its contract in this process's environment, an
+    earlier attempt's failure report gone, room reserved for the last reports, the supervisor watched."""
     started = now_iso()  # this host runs: the end of its `capacity` phase
     p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
     p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
@@ -326,7 +351,6 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True, write_through=False)
     root = a.root.rstrip("/")
-    status_file = a.status_file or f"{root}/output/host-status.json"
     phases = PhaseLog(a.phases_file or f"{root}/{HOST_PHASES_FILE}")
     requested = os.environ.pop(REQUESTED_ENV, None)  # not for the ranks: they inherit this environment
     if requested:
@@ -346,76 +370,84 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     # every line of rank R on this host reaches the log as "[algo-2/R] ..."
     os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[{host}/${{rank}}] "
-
-    status: dict = {"host": host, "started": time.time()}
+    run = HostRun(spec=spec, job=job, index=index, host=host, root=root, master_addr=master_addr,
+                  status_file=a.status_file or f"{root}/output/host-status.json", log_dir_arg=a.log_dir,
+                  phases=phases, status={"host": host, "started": time.time()})
     try:  # an earlier attempt's report in this host's folder (local retries reuse it) is not this attempt's
         os.remove(f"{root}/output/failure")
     except FileNotFoundError:
         pass
     space.reserve(root)  # room for the failure report and the status on a full disk (job/space.py)
-    lifeline.watch(lambda: _supervisor_lost(host, root, status_file, status))
-    failure: RankFailure | None = None
-    reason = ""
-    code_dir = f"{root}/code"
-    syncs: list[FolderSync] = []
-    # the first host keeps the job's checkpoint locations leased while it runs (job/lease.py)
-    leases = lease.Heartbeat(lease.locations(spec) if index == 0 else [], spec.job_name,
-                             say=lambda m: _say(host, m)).start()
-    try:
-        with phases.timed("code", enabled=bool(spec.code_uri)):
-            if spec.code_uri:
-                _say(host, f"fetching code from {spec.code_uri}")
-                fetch_code(spec.code_uri, code_dir)
-            if spec.entry_kind == "script" and not os.path.isfile(os.path.join(code_dir, spec.entry_point)):
-                raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
-            # every rank ends its process group at exit if the script did not (worker_site/sitecustomize.py)
-            os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
-            # requirements.txt (container/requirements.py): an overlay that every rank sees first on PYTHONPATH
-            overlay = requirements.prepare(code_dir, requirements.default_cache_root(), say=lambda m: _say(host, m))
-            if overlay is not None:
-                overlay.activate(os.environ)
-                _say(host, f"requirements.txt: {overlay.summary()}")
-        start_syncs(spec, root, os.environ, lambda m: _say(host, m), syncs)
-        configure_network(host)
-        log_dir = a.log_dir or tempfile.mkdtemp(prefix="trainyard-torchrun-")
-        if probe_requested(os.environ):
-            if spec.world_size <= 1:
-                _say(host, "bandwidth probe skipped: the job has one process, nothing crosses a link")
-            else:
-                port = probe_port(job["master_port"], os.environ)
-                probe_cmd = build_torchrun_command(
-                    nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
-                    master_addr=master_addr, master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
-                    args=[], log_dir=os.path.join(log_dir, "probe"),
-                )
-                timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
-                _say(host, f"bandwidth probe: {spec.world_size} process(es), rendezvous on port {port}")
-                with phases.timed("probe"):
-                    probe_code = run_probe(probe_cmd, code_dir, timeout)
-                if probe_code != 0:
-                    why = f"ran past {timeout:.0f} s" if probe_code is None else f"exited with status {probe_code}"
-                    _say(host, f"bandwidth probe {why}; training starts all the same")
-        cmd = build_torchrun_command(
-            nnodes=spec.instance_count, node_rank=index, nproc_per_node=spec.processes_per_host,
-            master_addr=master_addr, master_port=job["master_port"], entry_point=spec.entry_point,
-            entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
-        )
-        _say(host, "launching " + " ".join(cmd[1:]))
-        code, failure, hang = run_training(cmd, code_dir, host, log_dir, phases=phases,
-                                           metrics_file=f"{root}/output/data/{METRICS_FILE}",
-                                           regexes=[d["Regex"] for d in spec.metric_definitions],
-                                           hang_timeout_s=spec.hang_timeout_s)
-        if hang:
-            code, reason = 1, hang  # its ranks were ended by the watch: the diagnosis says why
-        elif failure is not None:
-            reason = failure.reason()
-    except Exception as e:  # the driver itself failed: the job fails with that reason
-        code, reason = 1, f"{host} driver: {type(e).__name__}: {e}"
-    lost = stop_syncs(syncs, status)  # the last sync runs whatever the outcome
-    leases.stop()
+    lifeline.watch(lambda: _supervisor_lost(host, root, run.status_file, run.status))
+    return run
+
+
+def install_code(run: HostRun) -> None:
+    """The job's code in `<root>/code`, its requirements.txt in an overlay every rank sees first, and the
+    ranks' site (each ends its process group at exit if the script did not: worker_site/sitecustomize.py)."""
+    spec = run.spec
+    with run.phases.timed("code", enabled=bool(spec.code_uri)):
+        if spec.code_uri:
+            run.say(f"fetching code from {spec.code_uri}")
+            fetch_code(spec.code_uri, run.code_dir)
+        if spec.entry_kind == "script" and not os.path.isfile(os.path.join(run.code_dir, spec.entry_point)):
+            raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
+        overlay = requirements.prepare(run.code_dir, requirements.default_cache_root(), say=run.say)
+        if overlay is not None:
+            overlay.activate(os.environ)
+            run.say(f"requirements.txt: {overlay.summary()}")
+
+
+def probe(run: HostRun, log_dir: str) -> None:
+    """With TRAINYARD_BANDWIDTH_PROBE=1, the bandwidth probe on every host and process; its failure is said,
+    and training starts all the same."""
+    spec = run.spec
+    if not probe_requested(os.environ):
+        return
+    if spec.world_size <= 1:
+        run.say("bandwidth probe skipped: the job has one process, nothing crosses a link")
+        return
+    port = probe_port(run.job["master_port"], os.environ)
+    probe_cmd = build_torchrun_command(
+        nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
+        master_addr=run.master_addr, master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
+        args=[], log_dir=os.path.join(log_dir, "probe"),
+    )
+    timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
+    run.say(f"bandwidth probe: {spec.world_size} process(es), rendezvous on port {port}")
+    with run.phases.timed("probe"):
+        probe_code = run_probe(probe_cmd, run.code_dir, timeout)
+    if probe_code != 0:
+        why = f"ran past {timeout:.0f} s" if probe_code is None else f"exited with status {probe_code}"
+        run.say(f"bandwidth probe {why}; training starts all the same")
+
+
+def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
+    """torchrun with the job's entry point: (exit code, the failed rank, FailureReason)."""
+    spec = run.spec
+    cmd = build_torchrun_command(
+        nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
+        master_addr=run.master_addr, master_port=run.job["master_port"], entry_point=spec.entry_point,
+        entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
+    )
+    run.say("launching " + " ".join(cmd[1:]))
+    code, failure, hang = run_training(cmd, run.code_dir, run.host, log_dir, phases=run.phases,
+                                       metrics_file=f"{run.root}/output/data/{METRICS_FILE}",
+                                       regexes=[d["Regex"] for d in spec.metric_definitions],
+                                       hang_timeout_s=spec.hang_timeout_s)
+    if hang:
+        return 1, failure, hang  # its ranks were ended by the watch: the diagnosis says why
+    return code, failure, failure.reason() if failure is not None else ""
+
+
+def finish(run: HostRun, code: int, failure: RankFailure | None, reason: str, lost: str) -> int:
+    """The host's end, whatever the outcome: a sync that lost files fails the job, the failure report (never
+    over the user's), the artifacts from the first host, and the status file. Returns the exit status."""
+    host, root, status = run.host, run.root, run.status
     if lost:
         message = f"{host} driver: {lost}"
-        _say(host, message)
+        run.say(message)
         if code == 0:
             code, reason = 1, message
     status.update(exit_code=code, finished=time.time())
@@ -424,23 +456,46 @@ def main(argv: list[str] | None = None) -> int:
         write_failure(root, reason)
         with open(f"{root}/output/failure") as fh:
             reason = fh.read(1024)
-        _say(host, "FAILED: " + (reason.splitlines() or [""])[0])
-    if index == 0 and os.environ.get(PLATFORM_ENV) == "sagemaker":
-        _say(host, "SageMaker uploads /opt/ml/model and /opt/ml/output/data")
-    elif index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
+        run.say("FAILED: " + (reason.splitlines() or [""])[0])
+    if run.index == 0 and os.environ.get(PLATFORM_ENV) == "sagemaker":
+        run.say("SageMaker uploads /opt/ml/model and /opt/ml/output/data")
+    elif run.index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop
         try:
-            _say(host, "uploading model and output data")
-            with phases.timed("upload"):
-                status["artifacts"] = upload_artifacts(spec, root)
+            run.say("uploading model and output data")
+            with run.phases.timed("upload"):
+                status["artifacts"] = upload_artifacts(run.spec, root)
         except Exception as e:
             if code == 0:
                 code, reason = 1, f"{host} driver: uploading artifacts failed: {type(e).__name__}: {e}"
                 write_failure(root, reason)
-            _say(host, f"uploading artifacts failed: {e}")
+            run.say(f"uploading artifacts failed: {e}")
     status.update(exit_code=code, reason=reason, failure=failure.to_dict() if failure else None)
-    space.write_anyway(root, lambda: write_json(status_file, status))
-    _say(host, {0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
+    space.write_anyway(root, lambda: write_json(run.status_file, status))
+    run.say({0: "completed", 1: "failed"}.get(code, f"stopped (exit {code})"))
     return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """prepare -> code -> folder syncs and network -> probe -> train -> finish (the syncs' last pass and the
+    first host's lease end before `finish`, whatever happened)."""
+    run = prepare(argv)
+    failure: RankFailure | None = None
+    syncs: list[FolderSync] = []
+    # the first host keeps the job's checkpoint locations leased while it runs (job/lease.py)
+    leases = lease.Heartbeat(lease.locations(run.spec) if run.index == 0 else [], run.spec.job_name,
+                             say=run.say).start()
+    try:
+        install_code(run)
+        start_syncs(run.spec, run.root, os.environ, run.say, syncs)
+        configure_network(run.host)
+        log_dir = run.log_dir_arg or tempfile.mkdtemp(prefix="trainyard-torchrun-")
+        probe(run, log_dir)
+        code, failure, reason = train(run, log_dir)
+    except Exception as e:  # the driver itself failed: the job fails with that reason
+        code, reason = 1, f"{run.host} driver: {type(e).__name__}: {e}"
+    lost = stop_syncs(syncs, run.status)  # the last sync runs whatever the outcome
+    leases.stop()
+    return finish(run, code, failure, reason, lost)
 
 
 def _supervisor_lost(host: str, root: str, status_file: str, status: dict) -> None:
