@@ -18,7 +18,7 @@ import sys
 from mfu import train_one_gpu  # bench/mfu.py, beside this file
 from trainyard.job.plan import Layout, evaluate
 from trainyard.job.plan.hardware import hardware
-from trainyard.job.plan.shapes import from_preset
+from trainyard.parallel.shapes import from_preset
 
 CASES = [(2, "none", False), (4, "none", False), (4, "selective", False), (8, "full", False), (16, "full", False)]
 # (micro-batch, checkpointing, CPU offload)

@@ -1,7 +1,9 @@
 """The package's layering, read from the source with `ast` (every import: at module top, in functions, under
 TYPE_CHECKING), so a wrong import fails here before it causes an import cycle or drags torch into the SDK.
 
-    trainyard.job        the job description: imports neither the SDK nor the container
+    trainyard.errors     the errors a user sees: imports nothing of trainyard
+    trainyard.parallel   the torch-free vocabulary (layouts, shapes): imports trainyard.errors only
+    trainyard.job        the job description: imports neither the SDK, the container nor the engine
     trainyard.container  what runs on a host: does not import the SDK
     trainyard.engine     the training engine: imports nothing of the SDK, the container or the job
     trainyard.kernels    imported by the engine only
@@ -25,7 +27,7 @@ PACKAGE = os.path.join(REPO, "trainyard")
 ALLOWED_LOCAL = {
     ("trainyard.engine", "trainyard.engine.api"): "lazy exports: `import trainyard.engine` stays torch-free",
     ("trainyard.engine", "trainyard.engine.equivalence"): "lazy exports: `import trainyard.engine` stays torch-free",
-    ("trainyard.engine", "trainyard.engine.distributed.parallelism"): "lazy exports (the SDK imports the package)",
+    ("trainyard.engine", "trainyard.parallel.parallelism"): "lazy exports (the SDK imports the package)",
     ("trainyard.sdk.estimator", "trainyard.engine.config"):
         "imports torch (the model presets): only the built-in trainer's hyperparameter check needs it",
     ("trainyard.engine.components.export", "trainyard.engine.components.checkpoint"):
@@ -136,9 +138,9 @@ def test_the_parser_sees_imports_of_every_kind():
     assert len(MODULES) > 50 and "trainyard.engine" in MODULES and "trainyard.job.spec" in MODULES
     spec = {(i.target, i.local) for i in IMPORTS if i.source == "trainyard.job.spec"}
     assert ("trainyard.job.catalog", False) in spec  # `from trainyard.job import catalog`: the submodule
-    assert ("trainyard.job.errors", False) in spec
+    assert ("trainyard.errors", False) in spec
     lazy = {i.target for i in IMPORTS if i.source == "trainyard.engine" and i.local}
-    assert {"trainyard.engine.api", "trainyard.engine.distributed.parallelism"} <= lazy
+    assert {"trainyard.engine.api", "trainyard.parallel.parallelism"} <= lazy
     source = "from . import a\nfrom ..job import spec\nif TYPE_CHECKING:\n    from trainyard.sdk import job\n" \
              "def f():\n    import trainyard.job.uris\n"
     probe = os.path.join(PACKAGE, "container", "probe_layers.py")  # read from `source`, never written
@@ -149,16 +151,20 @@ def test_the_parser_sees_imports_of_every_kind():
 
 def test_layers():
     rules = [
-        ("trainyard.job", ("trainyard.sdk", "trainyard.container")),
+        ("trainyard.errors", ("trainyard",)),
+        ("trainyard.job", ("trainyard.sdk", "trainyard.container", "trainyard.engine")),
         ("trainyard.container", ("trainyard.sdk",)),
         ("trainyard.engine", ("trainyard.sdk", "trainyard.container", "trainyard.job")),
     ]
     bad = [i for layer, banned in rules for i in IMPORTS
            if _in(i.source, layer) and any(_in(i.target, b) for b in banned)]
+    bad += [i for i in IMPORTS if _in(i.source, "trainyard.parallel")
+            and not (_in(i.target, "trainyard.parallel") or i.target == "trainyard.errors")]
     bad += [i for i in IMPORTS if _in(i.target, "trainyard.kernels")
             and not (_in(i.source, "trainyard.engine") or _in(i.source, "trainyard.kernels"))]
-    assert not bad, "imports across the layers (job and container: no SDK; engine: none of sdk, container, job; " \
-                    "kernels: the engine's only):\n" + _listing(bad)
+    assert not bad, "imports across the layers (errors: nothing; parallel: errors only; job: no SDK, container or " \
+                    "engine; container: no SDK; engine: none of sdk, container, job; kernels: the engine's " \
+                    "only):\n" + _listing(bad)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

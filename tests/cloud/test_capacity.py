@@ -17,7 +17,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk.aws.preflight import prices
 
 from .conftest import IMAGE, Recorder, leftovers
@@ -287,7 +287,7 @@ def test_the_launch_targets_the_reservation_in_its_zone_only(account, block):
 
 
 def test_a_capacity_error_in_the_reservation_tries_no_other_zone(account):
-    from trainyard.job.errors import JobFailedError
+    from trainyard.errors import JobFailedError
 
     rec = Recorder()
     rec.fail["RunInstances"] = "InsufficientInstanceCapacity"

@@ -10,7 +10,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 from trainyard.job.spec import build_spec
 from trainyard.sdk.aws import network
 from trainyard.sdk.aws.preflight import preflight

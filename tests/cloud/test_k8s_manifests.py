@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from trainyard import Estimator
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.sdk.cli import main
 from trainyard.sdk.k8s import check, manifests

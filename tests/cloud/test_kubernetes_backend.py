@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from trainyard import Estimator
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 from trainyard.job.uris import split_s3
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.jobstate import job_dir

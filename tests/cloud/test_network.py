@@ -6,7 +6,7 @@ are checked in test_ec2_backend.py."""
 import boto3
 import pytest
 
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 from trainyard.sdk.aws import network
 
 from .conftest import IMAGE, Recorder, leftovers

@@ -12,7 +12,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from trainyard.sdk.aws.preflight import Plan, preflight, prices
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import build_spec
 
 from .conftest import reachable_vpc

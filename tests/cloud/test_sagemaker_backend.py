@@ -12,7 +12,7 @@ import boto3
 import pytest
 
 from trainyard import Estimator
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 from trainyard.sdk.backends import open_job
 
 from .conftest import IMAGE

@@ -6,8 +6,8 @@ import json
 import pytest
 from botocore.exceptions import ParamValidationError
 
-from trainyard.engine.distributed.parallelism import Parallelism
-from trainyard.job.errors import ConfigError
+from trainyard.parallel.parallelism import Parallelism
+from trainyard.errors import ConfigError
 from trainyard.job.observability import TensorBoardOutput
 from trainyard.job.spec import build_spec
 from trainyard.sdk.aws import sm_request

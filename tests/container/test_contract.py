@@ -2,7 +2,7 @@
 import json
 
 from trainyard.container.contract import hp_env, render_contract, user_args
-from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.parallel.parallelism import Parallelism
 from trainyard.job.spec import build_spec
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainyard import Estimator
-from trainyard.job.errors import JobFailedError
+from trainyard.errors import JobFailedError
 
 from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client
 

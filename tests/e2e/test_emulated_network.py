@@ -5,7 +5,7 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.sdk import netem
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 
 from .helpers import SCRIPTS, assert_no_processes_left, store_client
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trainyard import Estimator
-from trainyard.job.errors import JobFailedError
+from trainyard.errors import JobFailedError
 
 from .helpers import assert_no_processes_left
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trainyard import Estimator, TrainingInput
-from trainyard.job.errors import JobFailedError
+from trainyard.errors import JobFailedError
 
 from tests.timeline import assert_phases_in_order, assert_transitions_cover_the_job
 

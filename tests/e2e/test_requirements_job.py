@@ -6,7 +6,7 @@ import pytest
 
 from tests.container.wheels import make_wheel
 from trainyard import Estimator
-from trainyard.job.errors import JobFailedError
+from trainyard.errors import JobFailedError
 
 from .helpers import read_tar
 

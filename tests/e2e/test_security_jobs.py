@@ -61,7 +61,7 @@ def test_killing_only_the_supervisor_stops_every_rank_within_seconds():
 
 
 def test_a_second_job_on_a_live_checkpoint_location_is_refused_before_it_starts():
-    from trainyard.job.errors import ConfigError
+    from trainyard.errors import ConfigError
     from trainyard.sdk.jobstate import job_dir
 
     uri = "s3://e2e-security/one-writer"
@@ -108,7 +108,7 @@ def test_a_full_disk_gives_a_readable_failure_a_final_status_and_no_partial_mode
         (tmp_path / "fill.py").write_text(FILL_DISK)
         est = Estimator(entry_point="fill.py", source_dir=str(tmp_path), instance_type="local", instance_count=1,
                         processes_per_host=1, max_run=120)
-        from trainyard.job.errors import JobFailedError
+        from trainyard.errors import JobFailedError
 
         with pytest.raises(JobFailedError):
             est.fit(logs=False, wait=True)

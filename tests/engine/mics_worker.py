@@ -20,7 +20,7 @@ from trainyard.engine.distributed.mics import (HierarchicalAllGather, Hierarchic
                                                replica_sync, sync_microbatch)
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
-from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.parallel.dims import ParallelDims
 
 STEPS = 3
 CFG = ModelConfig(vocab_size=128, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=64)

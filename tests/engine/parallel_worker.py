@@ -17,7 +17,7 @@ from trainyard.engine.components.data import SyntheticSource, rank_rows
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
-from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.parallel.dims import ParallelDims
 from trainyard.engine.distributed.parallelize import clip_grad_norm, forward_backward, parallelize
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.models.llama.spec import spec_for

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import trainyard.engine as te
-from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.parallel.parallelism import Parallelism
 from trainyard.engine.distributed.tp import check_plan, resolve_plan
 from trainyard.engine.models.registry import resolve_spec
 

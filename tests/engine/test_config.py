@@ -64,7 +64,7 @@ def test_unknown_hyperparameters_suggest_the_closest(argv, named):
     ({"deepspeed": {}}, "'deepspeed'; known:"),
 ])
 def test_unknown_distribution_keys_name_the_path_and_the_closest(distribution, named):
-    from trainyard.engine.distributed.parallelism import Parallelism
+    from trainyard.parallel.parallelism import Parallelism
 
     with pytest.raises(ValueError) as e:
         Parallelism.parse(distribution)
@@ -83,7 +83,7 @@ def test_unknown_distribution_keys_name_the_path_and_the_closest(distribution, n
     ({"cpu_offload": True, "replica_compression": "bf16"}, "with mics.cpu_offload the replicas sync through FSDP2's"),
 ])
 def test_replica_sync_settings_are_checked(mics, named):
-    from trainyard.engine.distributed.parallelism import Parallelism
+    from trainyard.parallel.parallelism import Parallelism
 
     with pytest.raises(ValueError) as e:
         Parallelism.parse({"mics": mics})
@@ -144,7 +144,7 @@ def test_checkpoint_uri_from_contract(tmp_path):
 
 def test_reconcile_distribution():
     from trainyard.engine.config import reconcile_distribution
-    from trainyard.engine.distributed.parallelism import Parallelism
+    from trainyard.parallel.parallelism import Parallelism
 
     cfg = parse_hyperparameters(["--global_batch_size", "8", "--micro_batch_size", "2"])
     given = dataclasses.replace(cfg)

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from trainyard.engine.distributed.mics import MiCSConfig, check_offload, uses_hierarchy
-from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.parallel.dims import ParallelDims
 
 from .launch import run_on_two_hosts
 

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from trainyard.engine.distributed.layout import check_pipeline, check_tp, stage_layers
+from trainyard.parallel.layout import check_pipeline, check_tp, stage_layers
 from trainyard.engine.components.meter import CommMeter
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
-from trainyard.engine.distributed.dims import ParallelDims, dims_from_distribution
+from trainyard.parallel.dims import ParallelDims, dims_from_distribution
 from trainyard.engine.distributed.pipeline import cut_stage, rank_stages
 from trainyard.engine.models.llama.model import build_model
 from trainyard.engine.models.llama.spec import spec_for

@@ -16,7 +16,7 @@ BUILD_SECONDS: dict[str, float] = {}
 
 @pytest.fixture(scope="session")
 def engine():
-    from trainyard.job.errors import ConfigError
+    from trainyard.errors import ConfigError
 
     try:
         return containers.find_engine()

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from trainyard import Estimator
-from trainyard.job.errors import JobFailedError
+from trainyard.errors import JobFailedError
 
 from tests.e2e.test_hang import _beat
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from trainyard.sdk.aws.userdata import render_user_data
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk.inputs import FileSystemInput, TrainingInput
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.sdk.terraform import CLUSTER_FSX, TEMPLATE, render_root_module

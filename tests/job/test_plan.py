@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from trainyard.job.distribution import normalize
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.plan import Layout, evaluate, layouts, plan, resolve_model
 from trainyard.job.plan import memory
 from trainyard.job.plan.hardware import hardware
-from trainyard.job.plan.shapes import from_preset
+from trainyard.parallel.shapes import from_preset
 
 GiB = 2 ** 30
 
@@ -196,7 +196,7 @@ def test_the_planner_does_not_load_torch():
 
 
 def test_a_model_object_built_for_the_engine_plans_by_its_config():
-    from trainyard.engine.models.llama.config import MODEL_CONFIGS
+    from trainyard.parallel.presets import MODEL_CONFIGS
 
     class Meta:  # what the engine's meta build gives: a module whose `config` is the ModelConfig
         config = MODEL_CONFIGS["llama3-8b"]

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from trainyard.job.plan import Layout, memory
-from trainyard.job.plan.shapes import ModelShape
+from trainyard.parallel.shapes import ModelShape
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_worker.py")
 # memory_worker.SHAPE, as the planner sees it

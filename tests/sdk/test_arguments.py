@@ -2,7 +2,7 @@
 refused naming it; no job, no files."""
 import pytest
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk import arguments
 
 

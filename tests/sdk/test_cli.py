@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from trainyard import Estimator
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import build_spec
 from trainyard.sdk import cli_output
 from trainyard.sdk.cli import build_parser, main

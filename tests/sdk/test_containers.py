@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk import containers
 
 HYBRID = ("tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"

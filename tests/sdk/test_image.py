@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from trainyard.sdk import containers, image
-from trainyard.job.errors import ImageError
+from trainyard.errors import ImageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ACCOUNT = "123456789012"  # moto's account

@@ -7,7 +7,7 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.debugger import FrameworkProfile, ProfilerConfig, TensorBoardOutputConfig
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 
 TRAINER = "trainyard.engine.train"

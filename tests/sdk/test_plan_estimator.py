@@ -5,7 +5,7 @@ import re
 import pytest
 
 from trainyard import Estimator
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 HPS = {"model": "tiny", "steps": 2, "global_batch_size": 8, "seq_len": 64}
 

@@ -13,7 +13,7 @@ from trainyard.debugger import DebuggerHookConfig, ProfilerConfig, Rule, TensorB
 from trainyard.huggingface import HuggingFace
 from trainyard.inputs import TrainingInput
 from trainyard.local import LocalSession
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.pytorch import PyTorch
 from trainyard.sdk import metrics
 from trainyard.sdk.estimator import Estimator

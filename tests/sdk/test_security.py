@@ -18,7 +18,7 @@ import pytest
 
 from trainyard.container import codefetch
 from trainyard.job import codearchive, storage
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk import gitsource, packaging, store
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from trainyard.job import catalog
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
 
 

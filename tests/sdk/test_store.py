@@ -110,7 +110,7 @@ def test_reads_of_a_missing_bucket_answer_like_s3_and_create_nothing():
 
 def test_a_refused_fit_creates_no_bucket(src):
     from trainyard import Estimator
-    from trainyard.job.errors import ConfigError
+    from trainyard.errors import ConfigError
 
     s3 = _client(store.ensure_store().url)
     s3.put_object(Bucket="refused-fit-data", Key="train/a.txt", Body=b"1")

@@ -16,7 +16,7 @@ def __getattr__(name: str):
 
         return check_equivalence
     if name == "Parallelism":
-        from trainyard.engine.distributed.parallelism import Parallelism
+        from trainyard.parallel.parallelism import Parallelism
 
         return Parallelism
     if name in __all__:

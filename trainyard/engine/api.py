@@ -47,9 +47,9 @@ from trainyard.engine.components.metrics_log import MetricsLog
 from trainyard.engine.components.profiler import StepProfiler
 from trainyard.engine.components.tensorboard import require_tensorboard
 from trainyard.engine.components.data import rank_rows
-from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.parallel.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
-from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.parallel.parallelism import Parallelism
 from trainyard.engine.distributed.parallelize import (Parallelized, check_tp_gradients, clip_grad_norm, loss_value,
                                                       parallelize, plain, sync_for)
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward

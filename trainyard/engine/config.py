@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from trainyard.engine.components.checkpoint import check_location_form
 from trainyard.engine.components.data import TOKEN_DTYPES
-from trainyard.engine.distributed.layout import check_pipeline, check_tp
-from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.parallel.layout import check_pipeline, check_tp
+from trainyard.parallel.parallelism import Parallelism
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
-from trainyard.engine.suggest import did_you_mean
+from trainyard.errors import did_you_mean
 
 KERNEL_MODES = ("off", "eager", "eager-chunked", "triton", "auto")  # what models/fused.py's MODES take
 

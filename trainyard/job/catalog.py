@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 LOCAL = "local"
 LOCAL_GPU = "local_gpu"  # SageMaker local mode on this machine's GPUs

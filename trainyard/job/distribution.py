@@ -1,13 +1,13 @@
 """`distribution` as the SDK checks it, parsed once where a job spec is validated (`JobSpec.parallelism`):
-`trainyard.engine.distributed.parallelism.Parallelism` does the parsing (Trainyard's typed form and SageMaker's
+`trainyard.parallel.parallelism.Parallelism` does the parsing (Trainyard's typed form and SageMaker's
 forms, documented there); `typed` fills in the partition group the job's world gives, and `normalize` turns its
 errors into `ConfigError("distribution", ...)` for callers outside a spec (the planner's layouts, tests)."""
 from __future__ import annotations
 
 from typing import Any
 
-from trainyard.engine.distributed.parallelism import Parallelism
-from trainyard.job.errors import ConfigError
+from trainyard.parallel.parallelism import Parallelism
+from trainyard.errors import ConfigError
 
 
 def typed(distribution: dict[str, Any], *, world_size: int, processes_per_host: int) -> Parallelism:

@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
-from trainyard.engine.distributed.parallelism import Parallelism
+from trainyard.parallel.parallelism import Parallelism
 from trainyard.job import catalog
 from trainyard.job.distribution import typed
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.kubernetes import KubernetesOptions
 from trainyard.job.metricdefs import check_metric_definitions
 from trainyard.job.observability import Profiler, TensorBoardOutput

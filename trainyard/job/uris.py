@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 # S3 bucket naming rules: 3-63 characters, lower-case letters, digits, dots and hyphens,
 # starting and ending with a letter or digit.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainyard.job import catalog
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import MODULE_NAME
 from trainyard.sdk import gitsource
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainyard.engine.components.export import export_checkpoint
 from trainyard.engine.quiet import quiet
-from trainyard.job.errors import ConfigError, ImageError
+from trainyard.errors import ConfigError, ImageError
 from trainyard.sdk import cli_jobs, cli_plan, cli_store, image, terraform
 from trainyard.sdk.aws.backend import gc
 from trainyard.sdk.aws.preflight import aws_config_error, check_session, new_session

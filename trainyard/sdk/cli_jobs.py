@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.cli_output import human_duration, local_time, print_table
 from trainyard.sdk.job import TrainingJob

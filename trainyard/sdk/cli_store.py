@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 
 from trainyard.job import storage
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.uris import check_s3_uri, join, split_s3
 from trainyard.sdk.cli_output import human_size, print_table
 from trainyard.sdk.local import storage_env

@@ -37,7 +37,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 ENGINES = ("podman", "docker")  # podman first: no daemon
 LABEL = "trainyard.job"

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
-from trainyard.job.errors import ConfigError, close_match
+from trainyard.errors import ConfigError, close_match
 from trainyard.job.observability import Profiler, TensorBoardOutput
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainyard.container.contract import user_args
 from trainyard.job import catalog, lease
-from trainyard.job.errors import ConfigError, UnknownArgumentError, known_keywords
+from trainyard.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
 from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME,
                                 JobSpec, build_spec)

@@ -6,7 +6,7 @@ libraries come from the `trainyard[hf]` extra locally (or a `requirements.txt`).
 """
 from __future__ import annotations
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk.estimator import Estimator
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 # the askpass helper: git calls it with its prompt ("Username for ...", "Password for ...")
 _ASKPASS = """#!{python}

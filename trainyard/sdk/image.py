@@ -35,7 +35,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 
 import trainyard
-from trainyard.job.errors import ConfigError, ImageError
+from trainyard.errors import ConfigError, ImageError
 from trainyard.sdk import containers, image_base
 
 DOCKERFILE = "trainyard/container/Dockerfile"  # relative to the build context (the repository root)

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from trainyard.job.errors import ImageError
+from trainyard.errors import ImageError
 
 SUITE = "bookworm"  # Debian 12: Python 3.11, which Trainyard supports
 PACKAGES = ("python3", "python3-venv", "ca-certificates")

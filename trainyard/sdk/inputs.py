@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from trainyard.job.errors import ConfigError, known_keywords
+from trainyard.errors import ConfigError, known_keywords
 from trainyard.job.spec import Channel
 from trainyard.job.uris import check_storage_uri
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from trainyard.container.contract import hp_json
 from trainyard.container.phases import settle
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import metrics
 from trainyard.sdk.joblog import LogReader, job_log_paths

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import trainyard
 from trainyard.job import storage
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
 from trainyard.job.uris import check_s3_uri, split_s3
 from trainyard.sdk import containers

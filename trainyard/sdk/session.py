@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from trainyard.job import storage
-from trainyard.job.errors import ConfigError, known_keywords
+from trainyard.errors import ConfigError, known_keywords
 from trainyard.job.uris import join
 from trainyard.sdk.local import storage_env
 from trainyard.sdk.store import DEFAULT_BUCKET, ensure_store

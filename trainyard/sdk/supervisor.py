@@ -38,7 +38,7 @@ from trainyard.sdk.joblog import LinePump, stamped
 from trainyard.sdk.local import free_port
 from trainyard.sdk.jobstate import Status, now_iso, read_json, record_outcome, write_json
 from trainyard.job import space
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk import containers, image, image_base, netem
 from trainyard.sdk.netem import in_host

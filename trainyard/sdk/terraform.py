@@ -37,7 +37,7 @@ from decimal import Decimal
 from typing import Any
 
 from trainyard.job import catalog
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import split_fsx, split_s3
 from trainyard.sdk.aws.backend import _check_inputs, state_uri

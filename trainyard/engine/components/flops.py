@@ -1,18 +1,9 @@
-"""Model FLOPs per token, the device's peak FLOPs, and MFU.
+"""The device's peak FLOPs and a model's shape, for MFU (model FLOPs per second per device / the device's peak).
 
-Model FLOPs of one training token (forward + backward, no recomputation counted), after PaLM (Chowdhery et
-al. 2022, appendix B), as torchtitan and Megatron-LM report MFU:
-
-    6 N + 12 L H Q T
-
-N: the parameters that do matrix multiplies per token: every parameter but the input embedding table (a
-lookup; a tied embedding is the head's weight and counts); L layers, H attention heads of width Q, T the
-sequence length: the attention scores and their weighted sum, 2 x 2 L H Q T in forward, x 3 with backward.
-(The causal mask halves the useful part of that term; like PaLM and torchtitan, it is not halved.)
-
-MFU = model FLOPs per second per device / the device's peak. Peak: from `PEAK_TFLOPS` for a known GPU and
-the compute dtype (dense, no sparsity), else measured: a fp32/bf16 matmul timed at start-up on every rank
-at once (what the ranks of this host can do together), stated as measured in `peak_source`.
+The formula and the peak table are `trainyard/parallel/shapes.py`'s (`model_flops_per_token`, `PEAK_TFLOPS`).
+Peak: from that table for a known GPU and the compute dtype (dense, no sparsity), else measured: a fp32/bf16
+matmul timed at start-up on every rank at once (what the ranks of this host can do together), stated as
+measured in `peak_source`.
 """
 from __future__ import annotations
 
@@ -23,17 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# dense tensor-core TFLOP/s from the vendors' datasheets: {name fragment: {dtype: peak}}; fp32 runs as TF32
-PEAK_TFLOPS = {
-    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
-    "H100 SXM": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
-    "H100 80GB HBM3": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},  # the SXM part's device name
-    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
-    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
-    "L4": {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0},
-    "A10": {"bfloat16": 125.0, "float16": 125.0, "float32": 62.5},
-}
-
+from trainyard.parallel import shapes
+from trainyard.parallel.shapes import model_flops_per_token
 
 @dataclass(frozen=True)
 class Shape:
@@ -44,7 +26,8 @@ class Shape:
     """N: every parameter but the input embedding table."""
 
     def flops_per_token(self, seq_len: int) -> float:
-        return 6.0 * self.matmul_params + 12.0 * self.layers * self.heads * self.head_dim * seq_len
+        return model_flops_per_token(matmul_params=self.matmul_params, layers=self.layers, heads=self.heads,
+                                     head_dim=self.head_dim, seq_len=seq_len)
 
 
 def shape_of(model: nn.Module) -> Shape | None:
@@ -67,12 +50,9 @@ def table_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str] | 
     """(TFLOP/s, source) from PEAK_TFLOPS for this GPU and dtype; None when the GPU is not in it."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    key = str(dtype).removeprefix("torch.")
-    for fragment, peaks in PEAK_TFLOPS.items():
-        if fragment in name and key in peaks:
-            return peaks[key], f"datasheet: {fragment} {key} dense ({name})"
-    return None
+    name, key = torch.cuda.get_device_name(device), str(dtype).removeprefix("torch.")
+    found = shapes.table_peak(name, key)
+    return None if found is None else (found[0], f"datasheet: {found[1]} {key} dense ({name})")
 
 
 def measured_peak(device: torch.device, dtype: torch.dtype, *, size: int = 1024, seconds: float = 0.3) -> tuple[float, str]:

@@ -12,7 +12,7 @@ import functools
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainyard.engine.distributed.parallelism import AC_MODES
+from trainyard.parallel.parallelism import AC_MODES
 
 
 def apply_ac(blocks: list[nn.Module], mode: str) -> None:

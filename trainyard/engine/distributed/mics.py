@@ -28,8 +28,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-from trainyard.engine.distributed.dims import ParallelDims
-from trainyard.engine.distributed.parallelism import REPLICA_COMPRESSIONS, REPLICA_SYNCS
+from trainyard.parallel.dims import ParallelDims
+from trainyard.parallel.parallelism import REPLICA_COMPRESSIONS, REPLICA_SYNCS
 from trainyard.engine.distributed.replica_sync import ReplicaSync
 
 

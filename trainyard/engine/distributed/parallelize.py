@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from trainyard.engine.components import heartbeat
 from trainyard.engine.distributed.ac import apply_ac
-from trainyard.engine.distributed.dims import ParallelDims
+from trainyard.parallel.dims import ParallelDims
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
                                                       is_meta)
 from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch

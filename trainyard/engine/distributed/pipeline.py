@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from trainyard.engine.distributed.layout import check_pipeline, stage_layers
+from trainyard.parallel.layout import check_pipeline, stage_layers
 from trainyard.engine.models.spec import StageSplit
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}

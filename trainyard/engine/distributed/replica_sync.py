@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainyard.engine.distributed.parallelism import REPLICA_COMPRESSIONS
+from trainyard.parallel.parallelism import REPLICA_COMPRESSIONS
 
 INT8_GROUP = 512
 

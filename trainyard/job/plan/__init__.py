@@ -2,6 +2,6 @@
 (`trainyard plan`, `Estimator.plan()`, `distribution="auto"`; docs/plan.md). Torch-free."""
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.planner import Plan, PlannedLayout, evaluate, layouts, plan
-from trainyard.job.plan.shapes import ModelShape, resolve_model
+from trainyard.parallel.shapes import ModelShape, resolve_model
 
 __all__ = ["Layout", "ModelShape", "Plan", "PlannedLayout", "evaluate", "layouts", "plan", "resolve_model"]

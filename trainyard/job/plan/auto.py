@@ -2,9 +2,9 @@
 that the job's description keeps (`describe()["Plan"]`)."""
 from __future__ import annotations
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.plan.planner import Plan, PlannedLayout, plan
-from trainyard.job.plan.shapes import ModelShape
+from trainyard.parallel.shapes import ModelShape
 
 
 def choose(model: str | ModelShape, *, seq_len: int, global_batch_size: int, instance_type: str, instance_count: int,

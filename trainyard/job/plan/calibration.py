@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from trainyard.job.plan.hardware import hardware
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.planner import evaluate
-from trainyard.job.plan.shapes import ModelShape, from_preset
+from trainyard.parallel.shapes import ModelShape, from_preset
 
 # MPT (llm-foundry): GPT-style blocks with a plain 4x GELU MLP, tied embeddings, padded vocabulary 50,368 (6.66B
 # and 64.9B parameters; the table's NumParams: 6,658,859,008 and 64,862,437,376)

@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 
 from trainyard.job import catalog
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 # Fraction of a link's bandwidth a large ring collective reaches (NCCL's bus bandwidth in nccl-tests is about
 # 80% of NVLink's per-direction figure on A100/H100 hosts, and about as much of EFA's on p4d/p5).

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainyard.job.plan.layout import Layout
-from trainyard.job.plan.shapes import ModelShape
+from trainyard.parallel.shapes import ModelShape
 
 MASTER, GRAD, ADAM = 4, 4, 8  # bytes per parameter: fp32 weights, fp32 gradient shard, two fp32 moments
 # PyTorch's foreach AdamW (the engine's optimizer off CUDA) allocates temporaries of about this share of the

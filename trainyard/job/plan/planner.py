@@ -16,15 +16,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainyard.engine.distributed.layout import check_pipeline, check_tp
+from trainyard.parallel.layout import check_pipeline, check_tp
 from trainyard.job.distribution import typed
 from trainyard.job.catalog import LOCAL
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.plan import memory as memory_model
 from trainyard.job.plan import steptime
 from trainyard.job.plan.hardware import Hardware, hardware
 from trainyard.job.plan.layout import Layout
-from trainyard.job.plan.shapes import ModelShape, resolve_model
+from trainyard.parallel.shapes import ModelShape, resolve_model
 
 AC_MODES = ("none", "selective", "full")
 SCHEDULES = (("1f1b", 1), ("interleaved_1f1b", 2), ("gpipe", 1))

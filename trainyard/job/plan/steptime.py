@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from trainyard.job.plan.hardware import ATTENTION_RELATIVE_EFFICIENCY, HOST_ADAM_PARAMS_PER_S, Hardware
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.memory import COMPUTE_BYTES
-from trainyard.job.plan.shapes import ModelShape
+from trainyard.parallel.shapes import ModelShape
 
 RECOMPUTED = {"none": 0.0, "selective": 0.5, "full": 1.0}  # share of the blocks whose forward runs twice
 

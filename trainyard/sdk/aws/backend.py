@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from trainyard.job import storage
-from trainyard.job.errors import ConfigError, JobFailedError
+from trainyard.errors import ConfigError, JobFailedError
 from trainyard.sdk.jobstate import Status, job_dir, pid_alive, read_json, write_json
 from trainyard.sdk.job import TrainingJob
 from trainyard.job.spec import JobSpec

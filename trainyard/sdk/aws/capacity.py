@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk.aws.network import error_code
 
 # EC2 begins terminating a Capacity Block's instances 30 minutes before the block ends (EC2 User Guide,

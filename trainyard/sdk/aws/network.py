@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainyard.sdk.aws.provision import Cluster

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from trainyard.job import catalog
 from trainyard.job.facts import InstanceFacts, network_interfaces
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.sdk.aws import network
 from trainyard.sdk.aws.capacity import Capacity, check_capacity
 from trainyard.job.uris import split_fsx

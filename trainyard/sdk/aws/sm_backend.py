@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trainyard.job import storage
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
 from trainyard.sdk.aws import sm_request

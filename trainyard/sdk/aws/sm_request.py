@@ -21,7 +21,7 @@ from typing import Any
 from trainyard.container import attempts
 from trainyard.container.contract import DISTRIBUTION_ENV, SPEC_URI_ENV, hp_json
 from trainyard.job import catalog
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import split_fsx
 

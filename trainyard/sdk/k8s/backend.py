@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass
 
 from trainyard.job import catalog, storage
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.sdk.jobstate import job_dir, write_json
 from trainyard.sdk.k8s import check as k8s_check

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from trainyard.job import catalog
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import split_fsx
 from trainyard.sdk.k8s.manifests import CONFIGMAP_MAX_BYTES, INSTANCE_TYPE_LABEL, contract_files, options

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from trainyard.job.errors import ConfigError
+from trainyard.errors import ConfigError
 from trainyard.job.kubernetes import KubernetesOptions
 
 INSTALL = "pip install 'trainyard[kubernetes]'"

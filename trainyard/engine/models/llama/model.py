@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.engine.models.llama.config import MODEL_CONFIGS, ModelConfig  # noqa: F401 (re-exported)
+from trainyard.parallel.presets import MODEL_CONFIGS, ModelConfig  # noqa: F401 (re-exported)
 
 
 class RMSNorm(nn.Module):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainyard.engine.distributed.layout import check_tp
+from trainyard.parallel.layout import check_tp
 from trainyard.engine.models.llama.model import Transformer, init_weights
 from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
 from trainyard.engine.models.spec import ModelSpec, StageSplit

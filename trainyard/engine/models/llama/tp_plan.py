@@ -24,7 +24,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
                                                loss_parallel, parallelize_module)
 
-from trainyard.engine.distributed.layout import check_tp
+from trainyard.parallel.layout import check_tp
 
 
 def apply_tp(model: nn.Module, tp_mesh, *, seq_len: int | None = None) -> nn.Module:

@@ -33,9 +33,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from trainyard.engine.distributed.dims import ParallelDims
-from trainyard.engine.distributed.layout import PIPELINE_SCHEDULES, check_pipeline
-from trainyard.engine.suggest import did_you_mean
+from trainyard.parallel.dims import ParallelDims
+from trainyard.parallel.layout import PIPELINE_SCHEDULES, check_pipeline
+from trainyard.errors import did_you_mean
 
 MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync",
              "replica_sync", "replica_bucket_mb", "replica_compression", "hierarchical_chunks", "cpu_offload")

@@ -89,3 +89,10 @@ class JobFailedError(RuntimeError):
 
 class ImageError(RuntimeError):
     """Building or pushing the training image failed: no builder, the builder failed, a registry refused."""
+
+
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """` (did you mean 'PREFIXbest'?)` for the closest of `known` to `name`, or "" when none is close.
+    `prefix` puts the path in front of the suggestion (`mics.`, `--`)."""
+    found = close_match(name, known)
+    return f" (did you mean '{prefix}{found}'?)" if found else ""

@@ -7,8 +7,19 @@ q/o of dim x dim, k/v of dim x (kv heads x head width), a gated (SwiGLU: 3 matri
 of hidden width `ffn_hidden`, two norms of `dim`; an embedding table, a final norm and a head of
 vocab x dim (none when tied to the embedding).
 
-Model FLOPs per token follow `trainyard/engine/components/flops.py`: 6 N + 12 L H Q T, N every parameter but
-the input embedding table (a tied table is the head and counts).
+Model FLOPs of one training token (forward + backward, no recomputation counted), after PaLM (Chowdhery et
+al. 2022, appendix B), as torchtitan and Megatron-LM report MFU (`model_flops_per_token`, the one formula: the
+planner's shapes and the engine's measured MFU both use it):
+
+    6 N + 12 L H Q T
+
+N: the parameters that do matrix multiplies per token: every parameter but the input embedding table (a
+lookup; a tied embedding is the head's weight and counts); L layers, H attention heads of width Q, T the
+sequence length: the attention scores and their weighted sum, 2 x 2 L H Q T in forward, x 3 with backward.
+(The causal mask halves the useful part of that term; like PaLM and torchtitan, it is not halved.)
+
+`PEAK_TFLOPS` is the one table of the GPUs' dense peaks (the engine's MFU; the catalog's planner figures are
+checked against it by a test).
 """
 from __future__ import annotations
 
@@ -16,8 +27,35 @@ import json
 import os
 from dataclasses import dataclass
 
-from trainyard.engine.models.llama.config import MODEL_CONFIGS, ModelConfig
-from trainyard.job.errors import ConfigError
+from trainyard.parallel.presets import MODEL_CONFIGS, ModelConfig
+from trainyard.errors import ConfigError
+
+
+# dense tensor-core TFLOP/s from the vendors' datasheets: {device name fragment: {dtype: peak}}; fp32 runs as
+# TF32. The fragments match torch.cuda.get_device_name and the catalog's accelerator names.
+PEAK_TFLOPS = {
+    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "H100 SXM": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},
+    "H100 80GB HBM3": {"bfloat16": 989.4, "float16": 989.4, "float32": 494.7},  # the SXM part's device name
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
+    "L4": {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0},
+    "A10": {"bfloat16": 125.0, "float16": 125.0, "float32": 62.5},
+}
+
+
+def table_peak(device_name: str, dtype: str) -> tuple[float, str] | None:
+    """(TFLOP/s, the table's fragment) for a device name (`NVIDIA H100 80GB HBM3`) and a dtype name
+    (`bfloat16`); None when no fragment of PEAK_TFLOPS is in the name."""
+    for fragment, peaks in PEAK_TFLOPS.items():
+        if fragment in device_name and dtype in peaks:
+            return peaks[dtype], fragment
+    return None
+
+
+def model_flops_per_token(*, matmul_params: int, layers: int, heads: int, head_dim: int, seq_len: int) -> float:
+    """6 N + 12 L H Q T (see above)."""
+    return 6.0 * matmul_params + 12.0 * layers * heads * head_dim * seq_len
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,7 +112,8 @@ class ModelShape:
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs of one training token (forward + backward, no recomputation)."""
-        return 6.0 * self.matmul_params + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
+        return model_flops_per_token(matmul_params=self.matmul_params, layers=self.n_layers, heads=self.n_heads,
+                                     head_dim=self.head_dim, seq_len=seq_len)
 
     def attention_flops_per_token(self, seq_len: int) -> float:
         return 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
