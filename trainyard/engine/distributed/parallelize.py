@@ -34,7 +34,7 @@ from trainyard.engine.distributed.replica_sync import ReplicaSync
 from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, cut_stage, rank_stages
 from trainyard.engine.distributed.ties import Tie, check_ties, find_ties, retie, shard_units
 from trainyard.engine.distributed.tp import apply_tp_plan
-from trainyard.engine.models.spec import ModelSpec
+from trainyard.engine.protocols import ModelSpec
 
 
 @dataclass(kw_only=True)

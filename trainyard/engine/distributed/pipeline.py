@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from trainyard.parallel.layout import check_pipeline, stage_layers
-from trainyard.engine.models.spec import StageSplit
+from trainyard.engine.protocols import StageSplit
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 

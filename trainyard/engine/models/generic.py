@@ -10,7 +10,7 @@ from typing import Callable
 
 from torch import nn
 
-from trainyard.engine.models.spec import ModelSpec
+from trainyard.engine.protocols import ModelSpec
 
 
 def _params(module: nn.Module) -> int:

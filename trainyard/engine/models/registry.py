@@ -7,7 +7,7 @@ from torch import nn
 from trainyard.engine.models import generic
 from trainyard.engine.models.hf import spec as hf_spec
 from trainyard.engine.models.llama import spec as llama_spec
-from trainyard.engine.models.spec import ModelSpec
+from trainyard.engine.protocols import ModelSpec
 
 FAMILIES = (llama_spec.spec_for, hf_spec.spec_for)
 

@@ -28,7 +28,7 @@ from torch import nn
 from trainyard.engine.distributed.pipeline import cut_stage
 from trainyard.engine.models.generic import blocks_by_class
 from trainyard.engine.models.hf.families import unverified_note
-from trainyard.engine.models.spec import ModelSpec, StageSplit
+from trainyard.engine.protocols import ModelSpec, StageSplit
 
 # A stage split of the small verification model agrees with its forward to float32 rounding (~1e-7).
 STAGE_TOLERANCE = 1e-5

@@ -9,7 +9,7 @@ from torch import nn
 from trainyard.parallel.layout import check_tp
 from trainyard.engine.models.llama.model import Transformer, init_weights
 from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
-from trainyard.engine.models.spec import ModelSpec, StageSplit
+from trainyard.engine.protocols import ModelSpec, StageSplit
 
 
 def _check_tp(model: Transformer, tp: int) -> None:
