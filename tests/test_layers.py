@@ -32,7 +32,7 @@ ALLOWED_LOCAL = {
         "imports torch (the model presets): only the built-in trainer's hyperparameter check needs it",
     ("trainyard.engine.components.export", "trainyard.engine.components.checkpoint"):
         "imports torch: export stays importable without it (the CLI imports it)",
-    ("trainyard.engine.components.export", "trainyard.engine.components.ckpt_io"):
+    ("trainyard.engine.components.export", "trainyard.engine.components.checkpoint.io"):
         "imports torch: export stays importable without it (the CLI imports it)",
     ("trainyard.engine.components.heartbeat", "trainyard.engine.distributed.watch"):
         "imports torch: the driver reads the heartbeat's names without it",

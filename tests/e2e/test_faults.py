@@ -6,7 +6,7 @@ import torch
 
 from trainyard import Estimator
 from trainyard.engine.components import checkpoint as ckpt
-from trainyard.engine.components.ckpt_io import verify_step
+from trainyard.engine.components.checkpoint.io import verify_step
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, init_weights
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
 

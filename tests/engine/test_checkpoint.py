@@ -171,7 +171,7 @@ def test_pickled_state_is_never_unpickled(tmp_path):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from trainyard.engine.components.ckpt_io import CheckpointDamaged, SafeReader, read_metadata
+    from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, read_metadata
 
     marker = tmp_path / "pwned"
     _Payload.marker = str(marker)
@@ -206,7 +206,7 @@ def test_metadata_pickled_by_python_3_11_2_loads(tmp_path):
     import io
     import pickle
 
-    from trainyard.engine.components.ckpt_io import CheckpointDamaged, SafeReader, read_metadata
+    from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, read_metadata
 
     class As3112(pickle.Pickler):
         def reducer_override(self, obj):
@@ -282,7 +282,7 @@ def test_async_saver_purges_in_the_background(uri, monkeypatch):
     def broken_purge(*args, **kwargs):
         raise OSError("SlowDown")
 
-    monkeypatch.setattr(ckpt, "purge", broken_purge)
+    monkeypatch.setattr(ckpt.manager, "purge", broken_purge)  # where the saver finds it
     saver.save(4, model, opt, sched)
     assert saver.wait() and ckpt.list_steps(uri) == {2: True, 3: True, 4: True}
     assert "purging old checkpoints" in said[-1] and "SlowDown" in said[-1]
@@ -364,3 +364,16 @@ def test_export_says_what_is_wrong_with_the_uri(tmp_path, capsys, s3_bucket):
     # the CLI says it (exit 2) instead of only "no committed checkpoint"
     assert main(["checkpoint", "export", "s3:/bucket/ckpt", str(tmp_path / "out")]) == 2
     assert "two slashes after the scheme" in capsys.readouterr().err
+
+
+def test_damage_is_read_from_the_exceptions_types():
+    """resume names what is damaged from DCP's gathered failures, by type: the damage on any rank first."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from trainyard.engine.components.checkpoint.io import CheckpointDamaged
+
+    damaged = CheckpointDamaged("s3://b/ckpt/step-00000003: rank-00001/__1_0.distcp is missing")
+    gathered = CheckpointException("load failed", {0: (OSError("peer gone"), None), 1: (damaged, None)})
+    assert ckpt.damage(gathered) == str(damaged)
+    assert ckpt.damage(damaged) == str(damaged)
+    assert ckpt.damage(CheckpointException("x", {2: (OSError("SlowDown"), None)})) == "OSError: SlowDown"

@@ -20,7 +20,7 @@ PRIVATE = {
     "torch.distributed.fsdp._fully_shard._fsdp_api":
         "AllGather, ReduceScatter: MiCS's hierarchical collectives plug into FSDP2 (engine/distributed/mics.py)",
     "torch.distributed.checkpoint._fsspec_filesystem":
-        "DCP on object storage: FileSystem, FsspecReader, FsspecWriter (components/ckpt_io.py)",
+        "DCP on object storage: FileSystem, FsspecReader, FsspecWriter (components/checkpoint/io.py)",
     "torch.distributed.checkpoint.filesystem._StoragePrefix": "one storage prefix per rank in DCP's plans",
     "torch.distributed._shard._utils": "narrow_tensor_by_index: resharding reads of DCP checkpoints",
     "torch.distributed.tensor.placement_types._StridedShard": "FSDP2 x TP placements read back from checkpoints",

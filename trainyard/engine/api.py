@@ -31,7 +31,6 @@ import copy
 import dataclasses
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -392,18 +391,17 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
         _no_location("save_checkpoint", ctx)
         return 0.0
     heartbeat.set_phase("checkpoint")
-    if blocking:
-        t0 = time.perf_counter()
-        saver = ctx._savers.get(uri)
-        if saver is not None:
-            saver.wait()
-        ckpt.save_checkpoint(uri, step, model, optimizer, scheduler, keep_last=keep_last, extra=extra)
-        return time.perf_counter() - t0
-    saver = ctx._savers.get(uri)
-    if saver is None:
-        saver = ctx._savers[uri] = ckpt.AsyncSaver(uri, keep_last=keep_last,
-                                                   say=lambda m: print(m, flush=True) if ctx.is_main else None)
-    return saver.save(step, model, optimizer, scheduler, extra=extra)
+    return _checkpoints(ctx, uri, keep_last).save(step, model, optimizer, scheduler, extra=extra, blocking=blocking)
+
+
+def _checkpoints(ctx: Context, uri: str, keep_last: int = ckpt.DEFAULT_KEEP_LAST) -> ckpt.CheckpointManager:
+    """The context's manager of the checkpoints at `uri` (one per location: its save in flight)."""
+    manager = ctx._savers.get(uri)
+    if manager is None:
+        manager = ctx._savers[uri] = ckpt.CheckpointManager(
+            uri, keep_last=keep_last, say=lambda m: print(m, flush=True) if ctx.is_main else None)
+    manager.keep_last = keep_last
+    return manager
 
 
 def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, uri: str | None = None,
@@ -419,8 +417,8 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         return 0
     heartbeat.set_phase("checkpoint")
     wait_for_checkpoints()
-    step = ckpt.resume(uri, model, optimizer, scheduler, extra=extra,
-                       warn=lambda m: print(m, flush=True) if ctx.is_main else None)
+    step = _checkpoints(ctx, uri).resume(model, optimizer, scheduler, extra=extra,
+                                         warn=lambda m: print(m, flush=True) if ctx.is_main else None)
     return step or 0
 
 

@@ -79,7 +79,7 @@ def export_checkpoint(uri: str, out_dir: str) -> dict:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from trainyard.engine.components import checkpoint as ckpt
-    from trainyard.engine.components.ckpt_io import SafeReader
+    from trainyard.engine.components.checkpoint.io import SafeReader
 
     step_path, step = resolve_step(uri)
     options = ckpt.storage_options(step_path)

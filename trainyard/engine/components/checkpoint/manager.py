@@ -1,0 +1,214 @@
+"""Saving and loading checkpoints with torch.distributed.checkpoint (DCP), and `CheckpointManager`: one
+location's saves (asynchronous, at most one in flight, or blocking), the wait for them, resume, and the newest
+verified step. Damage found on load comes as `CheckpointDamaged` (io.py), typed through DCP's gathered
+failures (`damage`)."""
+from __future__ import annotations
+
+import functools
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
+from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, committed_steps, is_remote, purge,
+                                                              step_uri, storage_options)
+from trainyard.engine.components.checkpoint.state import state_of, write_model_config
+
+
+def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, keep_last: int = DEFAULT_KEEP_LAST,
+                    extra: dict | None = None) -> str:
+    """Save synchronously to `<uri>/step-N` (a collective: every rank calls it); then rank 0 purges
+    old steps. Returns the step's URI."""
+    target = step_uri(uri, step)
+    state = state_of(model, optimizer, scheduler, step, extra)
+    # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
+    writer = VerifiedWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
+    write_model_config(target, model)
+    dcp.save(state, storage_writer=writer)
+    # dcp.save returns on every rank only after the coordinator wrote .metadata: the step is committed.
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        purge(uri, keep_last, protect=step)
+    return target
+
+
+class AsyncSaver:
+    """Saves with at most one in flight: `save()` stages the state to host memory (the only part the
+    training loop waits for) and DCP uploads it from a background thread, over a process group of its
+    own so that its collectives never interleave with training's. When the upload is committed, rank 0
+    purges old steps from that background thread too. `wait()` finishes the save in flight: on failure
+    it reports and returns False (the step was never committed: DCP writes `.metadata` last), and the
+    next interval saves again."""
+
+    def __init__(self, uri: str, *, keep_last: int = DEFAULT_KEEP_LAST, say=print) -> None:
+        self.uri, self.keep_last, self.say = uri, keep_last, say
+        self.distributed = dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self.pending: tuple[int, Future] | None = None
+        self.failed: list[int] = []
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> float:
+        """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
+        start = time.perf_counter()
+        self.wait()
+        state = state_of(model, optimizer, scheduler, step, extra)
+        writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
+                                **storage_options(self.uri))
+        try:  # only rank 0 writes it: a failure here must not keep it out of the collective save
+            write_model_config(step_uri(self.uri, step), model)
+        except OSError as e:
+            self.say(f"WARNING: checkpoint step {step}: model.json not written ({e}); the save goes on")
+        upload = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+                                no_dist=not self.distributed)
+        upload = getattr(upload, "upload_completion", upload)
+        purges = not self.distributed or dist.get_rank() == 0
+        self.pending = (step, self._finisher.submit(self._finish, step, upload, purges))
+        return time.perf_counter() - start
+
+    @functools.cached_property
+    def _finisher(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(1, thread_name_prefix="ckpt-finish")
+
+    def _finish(self, step: int, upload, purges: bool) -> None:
+        """In the background: wait for the upload; once it is committed, purge old steps (rank 0). A failed
+        purge is reported and leaves the steps for the next one."""
+        upload.result()
+        self.say(f"checkpoint step {step} saved to {step_uri(self.uri, step)}")
+        if purges:
+            try:
+                purge(self.uri, self.keep_last, protect=step)
+            except Exception as e:  # noqa: BLE001 - the step is committed whatever the purge does
+                self.say(f"WARNING: purging old checkpoints under {self.uri} failed ({e}); the next save retries")
+
+    def wait(self) -> bool:
+        """Finish the save in flight, if any; False when it failed (reported)."""
+        if self.pending is None:
+            return True
+        step, finished = self.pending
+        self.pending = None
+        try:
+            finished.result()
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            self.failed.append(step)
+            self.say(f"WARNING: checkpoint step {step} to {self.uri} failed and was not committed; the next "
+                     f"interval saves again: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}")
+            return False
+        return True
+
+
+def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> int:
+    """Load step `step` from `uri` into model, optimizer, scheduler and `extra` (filled in place; a
+    collective). Returns the step."""
+    target = step_uri(uri, step)
+    state = state_of(model, optimizer, scheduler, 0, extra)
+    trainer = state["trainer"]
+    reader = SafeReader(target, verify=True, **storage_options(uri))
+    reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
+    dcp.load(state, storage_reader=reader)
+    if trainer.step != step:
+        raise ValueError(f"checkpoint {target} holds step {trainer.step}, expected {step}")
+    return trainer.step
+
+
+def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+           scheduler: torch.optim.lr_scheduler.LRScheduler | None, warn=print, *, extra: dict | None = None) -> int | None:
+    """Load the newest committed step under `uri` that verifies (a collective); None when there is none.
+
+    Each data file is checked against its manifest as it is read, so damage anywhere fails the load on
+    every rank; the step is then skipped with a warning naming it and the one before is loaded (which
+    overwrites whatever the failed attempt had loaded). If committed steps exist but none loads, this
+    raises rather than let training start from half-loaded weights."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    problems = []
+    for step in committed_steps(uri):
+        try:
+            return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra)
+        except (CheckpointDamaged, CheckpointException) as e:
+            problem = damage(e)
+            problems.append(f"step {step}: {problem}")
+            if rank == 0:
+                warn(f"WARNING: checkpoint step {step} at {uri} is damaged and is skipped: {problem}")
+    if problems:
+        raise CheckpointDamaged(f"no committed checkpoint under {uri} could be loaded ({'; '.join(problems)}); "
+                                "move the damaged steps away to start from scratch")
+    return None
+
+
+def damage(e: CheckpointDamaged | CheckpointException) -> str:
+    """What failed in a load, from its exception's types (never its text): this rank's CheckpointDamaged, or
+    the first CheckpointDamaged that DCP gathered from any rank into its CheckpointException, else the first
+    rank's failure as `Type: message`."""
+    if isinstance(e, CheckpointDamaged):
+        return str(e)
+    failures = [exc for exc, _ in e.failures.values()]
+    found = next((exc for exc in failures if isinstance(exc, CheckpointDamaged)), None)
+    if found is not None:
+        return str(found)
+    return f"{type(failures[0]).__name__}: {failures[0]}" if failures else type(e).__name__
+
+
+def newest_verified_step(uri: str, warn=print) -> int | None:
+    """The newest committed step under `uri` whose files verify (a collective when distributed: the ranks
+    share the reading). Damaged steps are skipped with a warning (`warn`, on rank 0) naming them."""
+    distributed = dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    for step in committed_steps(uri):
+        try:
+            verify_step(step_uri(uri, step), storage_options(uri), rank=rank, world=world)
+            problem = ""
+        except (CheckpointDamaged, OSError, ValueError) as e:
+            problem = str(e) or type(e).__name__
+        if distributed:
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, problem)
+            problem = next((p for p in gathered if p), "")
+        if not problem:
+            return step
+        if rank == 0:
+            warn(f"WARNING: checkpoint step {step} at {uri} is damaged and is skipped: {problem}")
+    return None
+
+
+class CheckpointManager:
+    """One checkpoint location's saves and loads: `save` (asynchronous unless `blocking`; at most one in
+    flight), `wait` (the save in flight; False when it failed and was not committed), `resume` (the newest
+    verified step, loaded), `newest_verified` (its number, nothing loaded)."""
+
+    def __init__(self, uri: str, *, keep_last: int = DEFAULT_KEEP_LAST, say=print) -> None:
+        self.uri, self.keep_last, self.say = uri, keep_last, say
+        self._saver: AsyncSaver | None = None
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
+             blocking: bool = False) -> float:
+        """Save step `step` (a collective); returns the seconds the caller was blocked."""
+        if blocking:
+            t0 = time.perf_counter()
+            self.wait()
+            save_checkpoint(self.uri, step, model, optimizer, scheduler, keep_last=self.keep_last, extra=extra)
+            return time.perf_counter() - t0
+        if self._saver is None:
+            self._saver = AsyncSaver(self.uri, keep_last=self.keep_last, say=self.say)
+        return self._saver.save(step, model, optimizer, scheduler, extra=extra)
+
+    def wait(self) -> bool:
+        return True if self._saver is None else self._saver.wait()
+
+    def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+               scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
+               warn=print) -> int | None:
+        self.wait()
+        return resume(self.uri, model, optimizer, scheduler, warn, extra=extra)
+
+    def newest_verified(self, warn=print) -> int | None:
+        self.wait()
+        return newest_verified_step(self.uri, warn)

@@ -1,0 +1,171 @@
+"""What a checkpoint holds, as tensors only (nothing pickled): model and optimizer through DCP's state-dict API
+("app": sharded as DTensors, so a load reshards; the optimizer's settings packed as float64 tensors), the step
+and the LR scheduler's numbers ("trainer"), and a user's extra numbers ("extra"); and the model's shape beside
+it (`model.json`, for `trainyard checkpoint export`)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.stateful import Stateful
+
+from trainyard.engine.components.checkpoint.locations import _fs
+
+# Optimizer state keyed by parameter name, param-group settings included ("param_groups.<name>.lr"):
+# with pipeline parallelism every rank holds different parameters, and a nested "param_groups" list
+# would be one key that DCP saves once, from one rank, for all of them.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class ModelOptimState(Stateful):
+    """Model and optimizer through DCP's state-dict API (FSDP2-aware, reshards on load)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.optimizer is None:  # loading weights only: the model's entries alone are requested
+            return {"model": get_model_state_dict(self.model, options=_OPTIONS)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
+        return {"model": model_sd, "optim": to_tensors(optim_sd)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state_dict["model"], options=_OPTIONS)
+            return
+        _, template = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                       optim_state_dict=from_tensors(state_dict["optim"], template), options=_OPTIONS)
+
+
+_GROUP_PREFIX = "param_groups."
+
+
+def to_tensors(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat optimizer state dict as tensors only. The settings DCP repeats for every parameter
+    (`param_groups.<name>.lr`, `.betas`, ...) are packed into one float64 vector per parameter, in the
+    sorted order of their names (float64 holds the float32/float64 settings, integers and booleans
+    exactly); None settings are left out. Other values are already tensors."""
+    out: dict[str, Any] = {}
+    packs: dict[str, list[tuple[str, Any]]] = {}
+    for key, value in flat.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value
+        elif key.startswith(_GROUP_PREFIX):
+            name, setting = key.rsplit(".", 1)
+            if value is not None:
+                packs.setdefault(name, []).append((setting, value))
+        else:
+            raise TypeError(f"checkpoint state {key!r} is a {type(value).__name__}; only tensors are saved")
+    for name, settings in packs.items():
+        numbers: list[float] = []
+        for setting, value in sorted(settings):
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            if not all(isinstance(v, (bool, int, float)) for v in items):
+                raise TypeError(f"optimizer setting {name}.{setting} = {value!r} is not numeric")
+            numbers.extend(float(v) for v in items)
+        out[name] = torch.tensor(numbers, dtype=torch.float64)
+    return out
+
+
+def from_tensors(loaded: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """Undo `to_tensors`, giving each setting the Python type it has in `template` (the live state)."""
+    out = {k: loaded.get(k, v) for k, v in template.items() if not k.startswith(_GROUP_PREFIX)}
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for key, value in template.items():
+        if key.startswith(_GROUP_PREFIX):
+            name, setting = key.rsplit(".", 1)
+            groups.setdefault(name, []).append((setting, value))
+    for name, settings in groups.items():
+        values = iter(loaded[name].tolist()) if name in loaded else None
+        for setting, value in sorted(settings, key=lambda kv: kv[0]):
+            key = f"{name}.{setting}"
+            if value is None or values is None:
+                out[key] = value
+            elif isinstance(value, (tuple, list)):
+                out[key] = type(value)(type(t)(next(values)) for t in value)
+            else:
+                out[key] = type(value)(next(values))
+    return out
+
+
+class TrainerState(Stateful):
+    """The step number and the LR scheduler's numeric state, stored as tensors.
+
+    Scheduler entries that are numbers or lists of numbers become float64 tensors (exact for the
+    integers and float32/float64 values involved); others (e.g. LambdaLR's lr_lambdas) are not saved.
+    """
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler | None, step: int = 0) -> None:
+        self.scheduler, self.step = scheduler, step
+
+    def _numeric_items(self) -> dict[str, Any]:
+        out = {}
+        if self.scheduler is None:
+            return out
+        for key, value in self.scheduler.state_dict().items():
+            if isinstance(value, (bool, int, float)) or (
+                isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value)
+            ):
+                out[key] = value
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        sched = {k: torch.tensor(v, dtype=torch.float64) for k, v in self._numeric_items().items()}
+        return {"step": torch.tensor(self.step, dtype=torch.int64), "scheduler": sched}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step = int(state_dict["step"])
+        if self.scheduler is None:
+            return
+        current = self.scheduler.state_dict()
+        for key, tensor in state_dict["scheduler"].items():
+            template = current[key]
+            if isinstance(template, list):
+                current[key] = [type(t)(v) for t, v in zip(template, tensor.tolist())]
+            else:
+                current[key] = type(template)(tensor.item())
+        self.scheduler.load_state_dict(current)
+
+
+class ExtraState(Stateful):
+    """A user's extra values (numbers or tensors) under their keys; a load fills the given dict in place,
+    each value back in the type it has there."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if not isinstance(value, (torch.Tensor, bool, int, float)):
+                raise TypeError(f"extra[{key!r}] is a {type(value).__name__}; checkpoints hold numbers and tensors")
+        self.values = values
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
+                for k, v in self.values.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key, loaded in state_dict.items():
+            template = self.values[key]
+            self.values[key] = loaded if isinstance(template, torch.Tensor) else type(template)(loaded.item())
+
+
+def state_of(model, optimizer, scheduler, step: int, extra: dict | None) -> dict[str, Stateful]:
+    state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
+    if extra:
+        state["extra"] = ExtraState(extra)
+    return state
+
+
+def write_model_config(target: str, model: nn.Module) -> None:
+    """`<step>/model.json`: the model's shape, for `trainyard checkpoint export` (rank 0, before the save,
+    so a committed step has it)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict") or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    fs, path = _fs(target)
+    fs.makedirs(path, exist_ok=True)  # local paths; a no-op on object stores
+    fs.pipe_file(f"{path}/model.json", json.dumps(config.to_dict(), indent=1).encode())
