@@ -207,7 +207,7 @@ def run_fault(fault: str, steps: int, at_step: int, clean: dict, tag: str) -> di
 def _run_fault(fault: str, steps: int, at_step: int, clean: dict, tag: str, world: dict) -> dict:
     import torch
 
-    from trainyard.sdk import netem
+    from trainyard.sdk.backends.local import netem
 
     ckpt = f"s3://chaos-{tag}/{fault}"
     extra = {"emulated_network": {"bandwidth_mbit": 1000, "delay_ms": 0.2}} if fault == "link_cut" else {}
@@ -262,7 +262,7 @@ def main() -> int:
     unknown = set(faults) - set(FAULTS)
     if unknown:
         p.error(f"unknown faults {sorted(unknown)}; choose from {','.join(FAULTS)}")
-    from trainyard.sdk import netem
+    from trainyard.sdk.backends.local import netem
 
     t0 = time.time()
     tag = datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S")

@@ -8,6 +8,10 @@ TYPE_CHECKING), so a wrong import fails here before it causes an import cycle or
     trainyard.engine     the training engine: imports nothing of the SDK, the container or the job
     trainyard.kernels    imported by the engine only
 
+In the SDK: no backend (sdk/backends/{local,ec2,sagemaker,kubernetes,terraform}) imports another backend or
+the Estimator's face (the SDK's root modules but the store, packaging and the image); sdk/jobs imports no
+backend. Pieces several backends share live in sdk/backends/aws/ (or the SDK's root).
+
 Besides: no import cycle among trainyard's modules (imports at module top, which run at import time), and
 function-local imports of trainyard's own modules only where ALLOWED_LOCAL says why.
 """
@@ -141,12 +145,12 @@ def test_the_parser_sees_imports_of_every_kind():
     assert ("trainyard.errors", False) in spec
     lazy = {i.target for i in IMPORTS if i.source == "trainyard.engine" and i.local}
     assert {"trainyard.engine.api", "trainyard.parallel.parallelism"} <= lazy
-    source = "from . import a\nfrom ..job import spec\nif TYPE_CHECKING:\n    from trainyard.sdk import job\n" \
+    source = "from . import a\nfrom ..job import spec\nif TYPE_CHECKING:\n    from trainyard.sdk.jobs import job\n" \
              "def f():\n    import trainyard.job.uris\n"
     probe = os.path.join(PACKAGE, "container", "probe_layers.py")  # read from `source`, never written
     got = {(i.target, i.local, i.type_checking) for i in _imports_of("trainyard.container.probe_layers", probe, source)}
     assert got == {("trainyard.container", False, False), ("trainyard.job.spec", False, False),
-                   ("trainyard.sdk.job", False, True), ("trainyard.job.uris", True, False)}
+                   ("trainyard.sdk.jobs.job", False, True), ("trainyard.job.uris", True, False)}
 
 
 def test_layers():
@@ -166,6 +170,29 @@ def test_layers():
     assert not bad, "imports across the layers (errors: nothing; parallel: errors only; job: no SDK, container or " \
                     "engine; container: no SDK; engine: none of sdk, container, job; engine.distributed: no " \
                     "engine.models; kernels: the engine's only):\n" + _listing(bad)
+
+
+BACKENDS = ("local", "ec2", "sagemaker", "kubernetes", "terraform")
+# the SDK's root modules a backend may use: infrastructure, not the SageMaker face
+SDK_INFRA = ("trainyard.sdk.store", "trainyard.sdk.store_auth", "trainyard.sdk.store_server", "trainyard.sdk.packaging",
+             "trainyard.sdk.image", "trainyard.sdk.image_base", "trainyard.sdk.gitsource")
+
+
+def _backend(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[3] if len(parts) > 3 and parts[:3] == ["trainyard", "sdk", "backends"] and parts[3] in BACKENDS \
+        else None
+
+
+def test_the_sdk_wings():
+    assert {_backend(m) for m in MODULES} >= set(BACKENDS), "a backend's folder is missing"
+    face = [m for m in MODULES if m.count(".") == 2 and m.startswith("trainyard.sdk.") and m not in SDK_INFRA]
+    assert "trainyard.sdk.estimator" in face
+    bad = [i for i in IMPORTS if _backend(i.source) and (
+        (_backend(i.target) and _backend(i.target) != _backend(i.source)) or i.target in face)]
+    bad += [i for i in IMPORTS if _in(i.source, "trainyard.sdk.jobs") and _backend(i.target)]
+    assert not bad, "a backend imports another backend or the Estimator's face, or sdk/jobs imports a " \
+                    "backend:\n" + _listing(bad)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

@@ -165,7 +165,7 @@ class Recorder:
 
 def leftovers(job: str) -> dict[str, list]:
     """The job's tagged resources still there (terminated instances do not count)."""
-    from trainyard.sdk.aws.provision import find_tagged
+    from trainyard.sdk.backends.ec2.provision import find_tagged
 
     found = find_tagged(boto3.Session(), job)
     found["instance"] = [i for i in found["instance"] if i["state"] != "terminated"]
@@ -176,7 +176,7 @@ def reachable_vpc(vpc: str | None = None, region: str = "us-east-1") -> str:
     """Give a VPC (default: the default VPC) what a user's subnets need to pass preflight's reachability check
     (a network a platform team would have set up): an S3 gateway endpoint on its main route table and interface
     endpoints with private DNS for ecr.api, ecr.dkr, logs and ec2. Returns the VPC's id. Idempotent."""
-    from trainyard.sdk.aws import network
+    from trainyard.sdk.backends.ec2 import network
 
     ec2 = boto3.client("ec2", region_name=region)
     vpc = vpc or ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]

@@ -18,7 +18,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from trainyard.errors import ConfigError
-from trainyard.sdk.aws.preflight import prices
+from trainyard.sdk.backends.ec2.preflight import prices
 
 from .conftest import IMAGE, Recorder, leftovers
 
@@ -301,7 +301,7 @@ def test_a_capacity_error_in_the_reservation_tries_no_other_zone(account):
 
 def test_a_scheduled_block_is_launched_into_once_it_is_active(account, monkeypatch):
     """The launch waits for the block's start, then asks until EC2 reports it active."""
-    from trainyard.sdk.aws import provision
+    from trainyard.sdk.backends.ec2 import provision
 
     monkeypatch.setattr(provision, "CAPACITY_POLL_S", 0.1)
     rec = Recorder()

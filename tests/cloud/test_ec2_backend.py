@@ -12,9 +12,9 @@ from botocore.exceptions import ClientError
 
 from trainyard.errors import ConfigError, JobFailedError
 from trainyard.job.spec import build_spec
-from trainyard.sdk.aws import network
-from trainyard.sdk.aws.preflight import preflight
-from trainyard.sdk.aws.provision import Cluster
+from trainyard.sdk.backends.ec2 import network
+from trainyard.sdk.backends.ec2.preflight import preflight
+from trainyard.sdk.backends.ec2.provision import Cluster
 
 from .conftest import IMAGE, Recorder, leftovers as _leftovers
 
@@ -130,7 +130,7 @@ def test_capacity_errors_move_to_the_next_zone_then_fail_saying_what_was_tried(a
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(account, capsys):
-    from trainyard.sdk.jobstate import job_dir
+    from trainyard.sdk.jobs.jobstate import job_dir
 
     rec = Recorder()
     plan = _estimator(account, rec, use_spot_instances=True, max_wait=7200, max_run=3600).fit(
@@ -155,7 +155,7 @@ def test_ec2_inputs_must_be_reachable_from_the_instances(account, tmp_path):
 
 
 def test_gc_removes_what_a_dead_job_left(account):
-    from trainyard.sdk.aws.backend import gc
+    from trainyard.sdk.backends.ec2.backend import gc
 
     session = boto3.Session()
     spec = build_spec(job_name="orphan", entry_point="trainyard.engine.train", entry_kind="module",

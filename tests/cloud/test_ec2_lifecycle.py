@@ -22,9 +22,9 @@ from trainyard import Estimator
 from trainyard.container.phases import IMAGE_END_ENV, IMAGE_START_ENV, USERDATA_START_ENV
 from trainyard.job import catalog
 from trainyard.job.jsonio import now_iso
-from trainyard.sdk.aws.userdata import agent_command
+from trainyard.sdk.backends.aws.userdata import agent_command
 from trainyard.sdk.backends import open_job
-from trainyard.sdk.local import free_port
+from trainyard.sdk.backends.local.backend import free_port
 from trainyard.container.lifeline import descendants
 from tests.container.fake_imds import FakeImds
 

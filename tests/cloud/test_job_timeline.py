@@ -1,6 +1,6 @@
 """An EC2 job's timeline and cost without a cloud (fast): the transitions the controller derives from its nodes'
-reports (sdk/aws/progress.py), and describe()'s BillableTimeInSeconds and EstimatedCost from the instances'
-recorded times (sdk/aws/billing.py) and the catalog's prices. A whole job's are checked in
+reports (sdk/backends/ec2/progress.py), and describe()'s BillableTimeInSeconds and EstimatedCost from the instances'
+recorded times (sdk/backends/ec2/billing.py) and the catalog's prices. A whole job's are checked in
 tests/cloud/test_ec2_lifecycle.py."""
 import os
 from datetime import datetime, timedelta, timezone
@@ -10,9 +10,10 @@ import pytest
 from tests.timeline import assert_transitions_cover_the_job
 from trainyard.job import catalog
 from trainyard.job.spec import build_spec
-from trainyard.sdk.aws import billing, progress
-from trainyard.sdk.aws.backend import Ec2Job
-from trainyard.sdk.jobstate import Status, job_dir, write_json
+from trainyard.sdk.backends.ec2 import billing
+from trainyard.sdk.backends.ec2 import progress
+from trainyard.sdk.backends.ec2.backend import Ec2Job
+from trainyard.sdk.jobs.jobstate import Status, job_dir, write_json
 
 T0 = datetime(2026, 11, 24, 8, 0, 0, tzinfo=timezone.utc)
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainyard:1"

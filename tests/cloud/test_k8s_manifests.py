@@ -1,4 +1,4 @@
-"""The Kubernetes objects of a job (sdk/k8s/manifests.py) and what is refused before them (sdk/k8s/check.py).
+"""The Kubernetes objects of a job (sdk/backends/kubernetes/manifests.py) and what is refused before them (sdk/backends/kubernetes/check.py).
 
 The PyTorchJob is validated against a subset of the Kubeflow PyTorchJob CRD's OpenAPI v3 schema written for these
 tests (data/pytorchjob_crd_schema.json: the v1 API's fields, closed where Trainyard renders an object whole, since
@@ -17,7 +17,8 @@ from trainyard import Estimator
 from trainyard.errors import ConfigError
 from trainyard.job.spec import JobSpec, build_spec
 from trainyard.sdk.cli import main
-from trainyard.sdk.k8s import check, manifests
+from trainyard.sdk.backends.kubernetes import check
+from trainyard.sdk.backends.kubernetes import manifests
 
 kubernetes = pytest.importorskip("kubernetes")  # the `kubernetes` extra: make test installs it
 

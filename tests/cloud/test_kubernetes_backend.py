@@ -1,4 +1,4 @@
-"""The Kubernetes backend (sdk/k8s/) against a stub API server (k8s_stub.py: plain HTTP on 127.0.0.1, started
+"""The Kubernetes backend (sdk/backends/kubernetes/) against a stub API server (k8s_stub.py: plain HTTP on 127.0.0.1, started
 here, the kubeconfig pointing at it with a bearer token): `fit(wait=False)` uploads the code to the test's moto S3
 and creates the job's objects through the official `kubernetes` client; the stub plays the training operator's
 conditions (Created -> Running -> Succeeded, and a Failed one with a pod's termination message), and the handle
@@ -14,9 +14,9 @@ from trainyard import Estimator
 from trainyard.errors import ConfigError, JobFailedError
 from trainyard.job.uris import split_s3
 from trainyard.sdk.backends import open_job
-from trainyard.sdk.jobstate import job_dir
-from trainyard.sdk.k8s import manifests
-from trainyard.sdk.k8s.job import KubernetesJob
+from trainyard.sdk.jobs.jobstate import job_dir
+from trainyard.sdk.backends.kubernetes import manifests
+from trainyard.sdk.backends.kubernetes.job import KubernetesJob
 
 from .k8s_stub import FakeCluster
 from .test_k8s_manifests import FS, IMAGE, SCHEMA

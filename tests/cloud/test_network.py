@@ -1,4 +1,4 @@
-"""The network of an EC2 job (trainyard/sdk/aws/network.py), against the moto server: a created subnet gets
+"""The network of an EC2 job (trainyard/sdk/backends/ec2/network.py), against the moto server: a created subnet gets
 its own route table with an S3 gateway endpoint, the VPC's shared interface endpoints (ecr.api, ecr.dkr,
 logs, ec2; reference-counted by tags) and, when asked, a NAT gateway; a user's subnet that cannot reach S3
 or ECR is refused before anything is created. moto serves all of these APIs; the EFA interfaces it drops
@@ -7,7 +7,7 @@ import boto3
 import pytest
 
 from trainyard.errors import ConfigError, JobFailedError
-from trainyard.sdk.aws import network
+from trainyard.sdk.backends.ec2 import network
 
 from .conftest import IMAGE, Recorder, leftovers
 

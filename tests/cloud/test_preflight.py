@@ -11,7 +11,7 @@ import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from trainyard.sdk.aws.preflight import Plan, preflight, prices
+from trainyard.sdk.backends.ec2.preflight import Plan, preflight, prices
 from trainyard.errors import ConfigError
 from trainyard.job.spec import build_spec
 

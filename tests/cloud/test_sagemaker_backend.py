@@ -1,4 +1,4 @@
-"""The SageMaker backend (sdk/aws/sm_backend.py) against the moto server: fit() uploads the code and the spec
+"""The SageMaker backend (sdk/backends/sagemaker/backend.py) against the moto server: fit() uploads the code and the spec
 and creates the training job (moto's CreateTrainingJob/DescribeTrainingJob/ListTrainingJobs); the handle
 follows it. moto answers every job as Completed at once and has no StopTrainingJob: a botocore hook on the
 user's session plays SageMaker's status transitions (after-call on DescribeTrainingJob) and answers

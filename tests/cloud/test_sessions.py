@@ -9,7 +9,7 @@ import boto3
 import botocore.client
 import pytest
 
-from trainyard.sdk.jobstate import wait_for
+from trainyard.sdk.jobs.jobstate import wait_for
 
 from .conftest import IMAGE, Recorder, leftovers
 
@@ -82,7 +82,7 @@ def test_every_call_of_a_job_goes_through_the_users_session(account, tmp_path, m
 
 
 def test_the_controller_gets_the_sessions_profile_or_its_keys(tmp_path, monkeypatch):
-    from trainyard.sdk.aws.backend import controller_session
+    from trainyard.sdk.backends.ec2.backend import controller_session
 
     (tmp_path / "credentials").write_text("[team]\naws_access_key_id = team-key\naws_secret_access_key = team-secret\n")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))

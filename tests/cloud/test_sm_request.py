@@ -1,4 +1,4 @@
-"""The SageMaker backend's CreateTrainingJob request (sdk/aws/sm_request.py), built from a representative JobSpec
+"""The SageMaker backend's CreateTrainingJob request (sdk/backends/sagemaker/request.py), built from a representative JobSpec
 and validated by botocore's own parameter validation against the SageMaker service model boto3 ships; and the
 checks that refuse, field named, what SageMaker would refuse. Nothing is called: no service is needed."""
 import json
@@ -10,7 +10,7 @@ from trainyard.parallel.parallelism import Parallelism
 from trainyard.errors import ConfigError
 from trainyard.job.observability import TensorBoardOutput
 from trainyard.job.spec import build_spec
-from trainyard.sdk.aws import sm_request
+from trainyard.sdk.backends.sagemaker import request as sm_request
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/trainyard:abc123"

@@ -1,5 +1,5 @@
 """The image on Kubernetes (container/kubernetes.py): from the job's ConfigMap (rendered here by the SDK's own
-sdk/k8s/manifests.py and laid out as the kubelet projects it, one file per key) and the training operator's
+sdk/backends/kubernetes/manifests.py and laid out as the kubelet projects it, one file per key) and the training operator's
 variables, each pod's launch facts, staged channels and contract."""
 import json
 import os
@@ -10,7 +10,7 @@ from trainyard.container import kubernetes as entry
 from trainyard.container.contract import JOB_FILE, PLATFORM_ENV
 from trainyard.container.hang import HANG_WATCH_ENV
 from trainyard.job.spec import build_spec
-from trainyard.sdk.k8s.manifests import contract_files
+from trainyard.sdk.backends.kubernetes.manifests import contract_files
 
 FS = "fs-0123456789abcdef0"
 

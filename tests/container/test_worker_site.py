@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from trainyard.container.driver import WORKER_SITE
-from trainyard.sdk.local import free_port
+from trainyard.sdk.backends.local.backend import free_port
 
 SCRIPT = ("import atexit, torch.distributed as dist; "
           "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1); "

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from trainyard import Estimator
-from trainyard.sdk import netem
+from trainyard.sdk.backends.local import netem
 from trainyard.errors import ConfigError, JobFailedError
 
 from .helpers import SCRIPTS, assert_no_processes_left, store_client

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from trainyard import Estimator
-from trainyard.sdk.joblog import text_of
+from trainyard.sdk.jobs.joblog import text_of
 
 from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client
 

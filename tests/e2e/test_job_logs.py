@@ -8,7 +8,7 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.engine.quiet import HARMLESS
-from trainyard.sdk.joblog import parse
+from trainyard.sdk.jobs.joblog import parse
 
 from .helpers import assert_no_processes_left
 

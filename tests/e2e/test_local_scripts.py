@@ -98,7 +98,7 @@ def test_stop_and_max_run_leave_no_process(dataset):
 
 def test_ctrl_c_in_fit_stops_the_job(dataset):
     """Ctrl-C while `fit()` waits: the job is stopped, every process of it ends, KeyboardInterrupt surfaces."""
-    from trainyard.sdk.local import LocalJob
+    from trainyard.sdk.backends.local.backend import LocalJob
 
     name = f"ctrl-c-{int(time.time())}"
     code = (f"from trainyard import Estimator\n"

@@ -40,7 +40,7 @@ def test_killing_only_the_supervisor_stops_every_rank_within_seconds():
     est.fit(wait=False)
     job = est.latest_training_job
     wait_for_log(job, "checkpoint step 4 saved", timeout=150)
-    supervisor = [p for p in job_processes(job) if b"trainyard.sdk.supervisor" in open(f"/proc/{p}/cmdline", "rb").read()]
+    supervisor = [p for p in job_processes(job) if b"trainyard.sdk.backends.local.supervisor" in open(f"/proc/{p}/cmdline", "rb").read()]
     assert len(supervisor) == 1
     os.kill(supervisor[0], signal.SIGKILL)
     killed = time.monotonic()
@@ -62,7 +62,7 @@ def test_killing_only_the_supervisor_stops_every_rank_within_seconds():
 
 def test_a_second_job_on_a_live_checkpoint_location_is_refused_before_it_starts():
     from trainyard.errors import ConfigError
-    from trainyard.sdk.jobstate import job_dir
+    from trainyard.sdk.jobs.jobstate import job_dir
 
     uri = "s3://e2e-security/one-writer"
     first = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=1,

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from trainyard.sdk import containers, image
+from trainyard.sdk import image
+from trainyard.sdk.backends.local import containers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_SECONDS: dict[str, float] = {}
@@ -37,7 +38,7 @@ def cpu_image(engine):
 
 
 def run_in(engine, ref: str, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """`<engine> run --rm <ref> ARGS` with this machine's limits (sdk/containers.py), output captured."""
+    """`<engine> run --rm <ref> ARGS` with this machine's limits (sdk/backends/local/containers.py), output captured."""
     name, path = engine
     cmd = [path, "run", "--rm", *containers.run_options(engine), *kw.pop("options", []), ref, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)

@@ -23,10 +23,11 @@ import boto3
 import pytest
 
 from trainyard.job.spec import build_spec
-from trainyard.sdk import containers, packaging
-from trainyard.sdk.aws import sm_request
-from trainyard.sdk.k8s import manifests
-from trainyard.sdk.local import free_port
+from trainyard.sdk import packaging
+from trainyard.sdk.backends.local import containers
+from trainyard.sdk.backends.sagemaker import request as sm_request
+from trainyard.sdk.backends.kubernetes import manifests
+from trainyard.sdk.backends.local.backend import free_port
 from tests.container.fake_imds import FakeImds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -205,7 +206,7 @@ def _store_job(tmp_path, kind: str, **spec_fields):
 
 def test_the_ec2_node_agent_runs_a_two_instance_job_against_the_embedded_store(engine, cpu_image, tmp_path, store):
     from trainyard.container import node
-    from trainyard.sdk.aws.userdata import agent_command
+    from trainyard.sdk.backends.aws.userdata import agent_command
 
     job, bucket, s3, spec = _store_job(tmp_path, "ec2", instance_type="g5.xlarge", image_uri=cpu_image)
     state_uri = f"s3://{bucket}/out/{job}/trainyard"
@@ -216,7 +217,7 @@ def test_the_ec2_node_agent_runs_a_two_instance_job_against_the_embedded_store(e
                                      {"Key": "trainyard:job", "Value": job}, {"Key": "trainyard:attempt", "Value": "1"}]}])
     instances = sorted(launched["Instances"], key=lambda i: i["AmiLaunchIndex"])
     # the agent's command as the user data writes it (tests/sdk/test_userdata.py checks the rest of the script)
-    from trainyard.sdk.aws import userdata
+    from trainyard.sdk.backends.aws import userdata
 
     command = agent_command(userdata.AGENT_MARKER + "\n" + userdata._docker_run(spec, False, False, state_uri,
                                                                                  "us-east-1", 1))

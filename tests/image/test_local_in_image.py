@@ -142,7 +142,7 @@ def test_a_failing_rank_a_hung_rank_and_stop_are_reported_and_cleaned_up(engine,
 def test_the_emulated_link_still_shapes_the_hosts_traffic_in_the_image(engine, cpu_image):
     import re
 
-    from trainyard.sdk import netem
+    from trainyard.sdk.backends.local import netem
     from tests.e2e.helpers import SCRIPTS, store_client
 
     if netem.unavailable_reason():

@@ -11,7 +11,7 @@ from trainyard.container import node, peers
 from trainyard.job import catalog
 from trainyard.job import facts
 from trainyard.job.spec import JobSpec
-from trainyard.sdk.aws import provision
+from trainyard.sdk.backends.ec2 import provision
 
 from . import hcl
 

@@ -1,4 +1,4 @@
-"""`Estimator.to_terraform` / trainyard/sdk/terraform.py: the rendered root module parses, is formatted, and carries
+"""`Estimator.to_terraform` / trainyard/sdk/backends/terraform/render.py: the rendered root module parses, is formatted, and carries
 the JobSpec's values (instance type, count, EFA interfaces, image, channels, hyperparameters); its user
 data template, once Terraform fills it, is the EC2 backend's user data."""
 import json
@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from trainyard.sdk.aws.userdata import render_user_data
+from trainyard.sdk.backends.aws.userdata import render_user_data
 from trainyard.errors import ConfigError
 from trainyard.sdk.inputs import FileSystemInput, TrainingInput
 from trainyard.job.spec import JobSpec, build_spec
-from trainyard.sdk.terraform import CLUSTER_FSX, TEMPLATE, render_root_module
+from trainyard.sdk.backends.terraform.render import CLUSTER_FSX, TEMPLATE, render_root_module
 
 from . import hcl
 

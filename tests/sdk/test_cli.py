@@ -20,11 +20,11 @@ import pytest
 from trainyard import Estimator
 from trainyard.errors import ConfigError
 from trainyard.job.spec import build_spec
-from trainyard.sdk import cli_output
+from trainyard.sdk.jobs import format as cli_output
 from trainyard.sdk.cli import build_parser, main
-from trainyard.sdk.cli_jobs import last_step_loss
-from trainyard.sdk.joblog import stamped
-from trainyard.sdk.jobstate import job_dir, jobs_root, write_json
+from trainyard.sdk.cli.jobs import last_step_loss
+from trainyard.sdk.jobs.joblog import stamped
+from trainyard.sdk.jobs.jobstate import job_dir, jobs_root, write_json
 from trainyard.sdk.store import ensure_store
 
 BOX = re.compile("[\u2500-\u257f]")  # box-drawing characters

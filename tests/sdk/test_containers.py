@@ -1,4 +1,4 @@
-"""sdk/containers.py without a container engine: which engine is picked, what an image must hold, the command
+"""sdk/backends/local/containers.py without a container engine: which engine is picked, what an image must hold, the command
 that runs a host's driver, and the runtime chosen for this machine's cgroups (fakes for the engine's answers;
 tests/image runs the real thing)."""
 import json
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainyard.errors import ConfigError
-from trainyard.sdk import containers
+from trainyard.sdk.backends.local import containers
 
 HYBRID = ("tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n"
           "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
@@ -49,7 +49,7 @@ def test_an_image_must_be_there_and_hold_the_sdks_version():
 
 
 def test_the_source_digest_follows_the_python_files(tmp_path):
-    from trainyard.sdk.containers import source_digest
+    from trainyard.sdk.backends.local.containers import source_digest
 
     for copy in ("a", "b"):
         (tmp_path / copy / "sub" / "__pycache__").mkdir(parents=True)

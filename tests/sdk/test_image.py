@@ -9,7 +9,8 @@ import urllib.request
 import boto3
 import pytest
 
-from trainyard.sdk import containers, image
+from trainyard.sdk import image
+from trainyard.sdk.backends.local import containers
 from trainyard.errors import ImageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -8,8 +8,8 @@ import pytest
 
 from tests.timeline import assert_phases_in_order, assert_transitions_cover_the_job
 from trainyard.job.spec import build_spec
-from trainyard.sdk.jobstate import Status, job_dir, write_json
-from trainyard.sdk.local import LocalJob
+from trainyard.sdk.jobs.jobstate import Status, job_dir, write_json
+from trainyard.sdk.backends.local.backend import LocalJob
 
 
 @pytest.fixture

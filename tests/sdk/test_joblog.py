@@ -1,11 +1,11 @@
-"""A job's log: stamped lines per file, read back merged in time order (trainyard/sdk/joblog.py)."""
+"""A job's log: stamped lines per file, read back merged in time order (trainyard/sdk/jobs/joblog.py)."""
 import os
 import subprocess
 import sys
 import time
 
-from trainyard.sdk.joblog import LinePump, LogReader, parse, stamp, stamped, text_of
-from trainyard.sdk.metrics import scrape_files
+from trainyard.sdk.jobs.joblog import LinePump, LogReader, parse, stamp, stamped, text_of
+from trainyard.sdk.jobs.metrics import scrape_files
 
 
 def test_stamp_round_trips_to_the_millisecond():

@@ -1,8 +1,8 @@
-"""A PyTorchJob's conditions as a SageMaker-style status (sdk/k8s/status.py), and the pods' names and stamps."""
+"""A PyTorchJob's conditions as a SageMaker-style status (sdk/backends/kubernetes/status.py), and the pods' names and stamps."""
 from datetime import datetime, timezone
 
-from trainyard.sdk.k8s.job import _nanoseconds
-from trainyard.sdk.k8s.status import host_of, job_status, pod_failure
+from trainyard.sdk.backends.kubernetes.job import _nanoseconds
+from trainyard.sdk.backends.kubernetes.status import host_of, job_status, pod_failure
 
 
 def cond(kind, t, status="True", message=""):

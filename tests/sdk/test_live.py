@@ -1,4 +1,4 @@
-"""The live progress line of a followed job (sdk/live.py): `trainyard logs -f` on a pseudo-terminal draws it
+"""The live progress line of a followed job (sdk/jobs/live.py): `trainyard logs -f` on a pseudo-terminal draws it
 with rich under the log lines; piped, the same figures come as plain `[progress]` lines with no control
 characters. Jobs are folders faked as in test_cli.py, advanced by a timer while the command follows them."""
 import io
@@ -12,10 +12,11 @@ import time
 from datetime import datetime, timezone
 
 from tests.sdk.test_cli import _piped, _sleeper, _tty_env, fake_job, home  # noqa: F401 (fixture)
-from trainyard.sdk import live, packaging
-from trainyard.sdk.joblog import stamped
-from trainyard.sdk.jobstate import read_json, write_json
-from trainyard.sdk.local import LocalJob
+from trainyard.sdk import packaging
+from trainyard.sdk.jobs import live
+from trainyard.sdk.jobs.joblog import stamped
+from trainyard.sdk.jobs.jobstate import read_json, write_json
+from trainyard.sdk.backends.local.backend import LocalJob
 
 ROWS = [{"step": k, "loss": 3.0 - 0.5 * k, "tokens_per_s": 1000.0 * k, "mfu": 0.1 * k, "step_time_s": 30.0 * k}
         for k in range(1, 5)]

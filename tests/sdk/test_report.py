@@ -22,10 +22,10 @@ import pytest
 
 from trainyard import Estimator
 from trainyard.job.spec import build_spec
-from trainyard.sdk import report
+from trainyard.sdk.jobs import report
 from trainyard.sdk.cli import main
-from trainyard.sdk.joblog import stamped
-from trainyard.sdk.jobstate import job_dir, write_json
+from trainyard.sdk.jobs.joblog import stamped
+from trainyard.sdk.jobs.jobstate import job_dir, write_json
 
 plotly = pytest.importorskip("plotly", reason="the report needs plotly: pip install 'trainyard[report]'")
 

@@ -15,7 +15,7 @@ from trainyard.inputs import TrainingInput
 from trainyard.local import LocalSession
 from trainyard.errors import ConfigError
 from trainyard.pytorch import PyTorch
-from trainyard.sdk import metrics
+from trainyard.sdk.jobs import metrics
 from trainyard.sdk.estimator import Estimator
 from trainyard.sdk.session import default_output_path
 

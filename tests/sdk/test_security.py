@@ -319,7 +319,7 @@ sys.exit(1 if "clone" in sys.argv else 0)
 
 
 def test_local_job_folders_and_specs_are_the_owner_s_alone(tmp_path, monkeypatch):
-    from trainyard.sdk.local import launch
+    from trainyard.sdk.backends.local.backend import launch
     from trainyard.job.spec import build_spec
 
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))

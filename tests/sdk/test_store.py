@@ -133,7 +133,7 @@ def test_a_refused_fit_creates_no_bucket(src):
 
 def test_launch_creates_the_buckets_the_job_writes_on_the_embedded_store_only(src, monkeypatch, s3_bucket):
     from trainyard import Estimator
-    from trainyard.sdk import local
+    from trainyard.sdk.backends.local import backend as local
 
     monkeypatch.setattr(local, "launch", lambda spec, endpoint: spec)  # everything but starting the job
     est = Estimator(entry_point="trainyard.engine.train", output_path="s3://launch-out/o",

@@ -5,8 +5,8 @@ import sys
 import time
 from types import SimpleNamespace
 
-from trainyard.sdk import supervisor
-from trainyard.sdk.supervisor import Supervisor
+from trainyard.sdk.backends.local import supervisor
+from trainyard.sdk.backends.local.supervisor import Supervisor
 
 ECHO = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [198.18.40.2]:25315"
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from trainyard.sdk.aws.userdata import (AGENT_MARKER, USER_DATA_LIMIT, agent_command, ecr_registry,
+from trainyard.sdk.backends.aws.userdata import (AGENT_MARKER, USER_DATA_LIMIT, agent_command, ecr_registry,
                                         render_user_data)
 from trainyard.job.spec import build_spec
 

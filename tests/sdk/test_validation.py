@@ -6,7 +6,7 @@ import pytest
 
 from trainyard import Estimator, FileSystemInput, HuggingFace, LocalSession, PyTorch, Session, TrainingInput
 from trainyard.errors import ConfigError
-from trainyard.sdk.jobstate import jobs_root
+from trainyard.sdk.jobs.jobstate import jobs_root
 
 
 def _est(src, **kw):

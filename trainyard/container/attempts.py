@@ -56,7 +56,7 @@ def decide(*, outcome: str, reason: str, attempt: int, max_retry_attempts: int, 
 
 
 def record(status, attempt: int, outcome: str, reason: str = "", cls: str | None = None, **extra: Any) -> None:
-    """Attempt `attempt` in the status document's `Attempts` (`status`: a job's Status, sdk/jobstate.py):
+    """Attempt `attempt` in the status document's `Attempts` (`status`: a job's Status, sdk/jobs/jobstate.py):
     its outcome, its FailureReason (SageMaker's first 1024 characters) and retry class when it failed, and
     `extra` (StartTime, InstanceCount ...)."""
     entry: dict[str, Any] = {"Attempt": attempt, **extra, "Outcome": outcome}

@@ -24,11 +24,11 @@ CONFIG_DIR = "input/config"
 JOB_FILE = f"{CONFIG_DIR}/trainyard.json"  # Trainyard's own file: the spec and launch facts
 # "sagemaker" when SageMaker runs the container (container/sagemaker.py): it stages, syncs and uploads itself
 PLATFORM_ENV = "TRAINYARD_PLATFORM"
-# on SageMaker: where the SageMaker backend put the job's spec (sdk/aws/sm_backend.py, container/sagemaker.py)
+# on SageMaker: where the SageMaker backend put the job's spec (sdk/backends/sagemaker/backend.py, container/sagemaker.py)
 SPEC_URI_ENV = "TRAINYARD_SPEC_URI"
 DISTRIBUTION_ENV = "TRAINYARD_DISTRIBUTION"  # the engine's layout (engine/api.py reads it)
 # on Kubernetes: where the job's ConfigMap (its spec and the contract's job-wide files) is mounted in the pods
-# (sdk/k8s/manifests.py renders it, container/kubernetes.py reads it)
+# (sdk/backends/kubernetes/manifests.py renders it, container/kubernetes.py reads it)
 KUBERNETES_CONFIG_DIR = "/etc/trainyard"
 DIRS = (
     "input/config", "input/data", "model", "output/data", "output/intermediate", "code", "checkpoints",

@@ -1,6 +1,6 @@
 """The Trainyard image on Kubernetes: a Kubeflow PyTorchJob's `pytorch` container -> this -> the driver.
 
-    python -m trainyard.container.kubernetes        (the container's command: sdk/k8s/manifests.py)
+    python -m trainyard.container.kubernetes        (the container's command: sdk/backends/kubernetes/manifests.py)
 
 The Kubernetes backend mounts the job's ConfigMap at `/etc/trainyard` (`spec.json`, the whole JobSpec, and the
 contract's job-wide files), and the training operator gives every pod of the job

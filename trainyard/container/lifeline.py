@@ -1,6 +1,6 @@
 """A host's ranks end when the process that supervises them ends: the lifeline.
 
-The supervisor of a local job (sdk/supervisor.py) and the node agent of an EC2 instance (node.py) start the
+The supervisor of a local job (sdk/backends/local/supervisor.py) and the node agent of an EC2 instance (node.py) start the
 driver with the read end of a pipe whose write end only they hold (`hand_over`: the descriptor's number in
 `TRAINYARD_LIFELINE_FD`). The driver reads it in a thread (`watch`); the read returns only when every writer
 is gone, that is when the supervisor has ended, however it ended (SIGKILL included, where no handler runs).

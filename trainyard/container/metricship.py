@@ -7,7 +7,7 @@ lines as numbered parts next to its status object,
     <state_uri>/hosts/algo-1/metrics/attempt-0001/part-00000001.jsonl
     <state_uri>/hosts/algo-1/metrics/attempt-0001/part-00000002.jsonl   ...
 
-and the controller (trainyard/sdk/aws/controller.py) appends the parts it has not read yet, in key order,
+and the controller (trainyard/sdk/backends/ec2/controller.py) appends the parts it has not read yet, in key order,
 to its copy in the job folder (`read_parts`: ListObjectsV2 after the last key it read).
 
 `MetricsShipper` runs one thread that every METRICS_SHIP_S reads what was appended since the last part, up

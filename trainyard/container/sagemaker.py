@@ -3,7 +3,7 @@
 SageMaker runs the image as `docker run <image> train` after writing its own contract under /opt/ml
 (resourceconfig.json: this host's name, every host's, the network interface; hyperparameters.json,
 inputdataconfig.json, checkpointconfig.json, the channels already downloaded). This reads the job's spec
-from `$TRAINYARD_SPEC_URI` (the SageMaker backend uploaded it, sdk/aws/sm_backend.py), writes the driver's
+from `$TRAINYARD_SPEC_URI` (the SageMaker backend uploaded it, sdk/backends/sagemaker/backend.py), writes the driver's
 launch facts (`trainyard.json`: spec, host index, rendezvous on algo-1) and runs the same driver as every
 other backend. SageMaker itself stages the channels, syncs the checkpoint and TensorBoard folders and uploads
 /opt/ml/model and /opt/ml/output/data at the end; `$TRAINYARD_PLATFORM=sagemaker` tells the driver so, and it

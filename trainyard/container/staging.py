@@ -1,5 +1,5 @@
 """Input channels staged into a host's `<root>/input/data/<channel>`: shared by the local supervisor
-(trainyard/sdk/supervisor.py, every host's folder from one process) and the EC2 node agent
+(trainyard/sdk/backends/local/supervisor.py, every host's folder from one process) and the EC2 node agent
 (trainyard/container/node.py, its own host).
 
 `s3://` and `file://` channels: the objects under the prefix (`storage.list_files`), this host's share of

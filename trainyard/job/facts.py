@@ -13,7 +13,7 @@ TAG_KEY = "trainyard:job"
 # (infra/modules/job) launches each instance with a RunInstances of its own, so all have launch index 0.
 # The EC2 backend launches all N in one RunInstances and leaves the tag out: the launch index is right.
 HOST_INDEX_TAG = "trainyard:host-index"
-# IMDSv2 only; hop limit 1: the training container uses the host network (sdk/aws/userdata.py), so no extra hop,
+# IMDSv2 only; hop limit 1: the training container uses the host network (sdk/backends/aws/userdata.py), so no extra hop,
 # and a container on a bridge network (another program on the instance) cannot reach the instance role's credentials
 IMDS_OPTIONS = {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}
 # FSx for Lustre: its servers and clients talk on TCP 988 and 1018-1023

@@ -1,6 +1,6 @@
 """Kubernetes options of a job (`Estimator(..., kubernetes={...})`): where its Kubeflow PyTorchJob goes and what
 its pods get from the cluster. Part of the JobSpec (`JobSpec.kubernetes`); the manifests are rendered from it by
-trainyard/sdk/k8s/manifests.py.
+trainyard/sdk/backends/kubernetes/manifests.py.
 
     kubernetes={"namespace": "training", "service_account": "trainyard-job",
                 "fsx": {"fs-0123456789abcdef0": {"dns_name": "fs-0123....fsx.us-east-1.amazonaws.com",

@@ -1,4 +1,4 @@
-"""The time stamp that starts every line of a job's log (sdk/joblog.py says how the log is read back)."""
+"""The time stamp that starts every line of a job's log (sdk/jobs/joblog.py says how the log is read back)."""
 from __future__ import annotations
 
 import time

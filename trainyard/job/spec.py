@@ -71,7 +71,7 @@ class Channel(BaseModel):
 
 class Network(BaseModel):
     """EC2: what a subnet Trainyard creates may reach besides S3, ECR, CloudWatch Logs and EC2 (which it always
-    reaches through VPC endpoints: trainyard/sdk/aws/network.py)."""
+    reaches through VPC endpoints: trainyard/sdk/backends/ec2/network.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     internet: bool = False
@@ -93,7 +93,7 @@ class Elastic(BaseModel):
 
 
 class EmulatedNetwork(BaseModel):
-    """Local jobs only: each host in its own network namespace behind a shaped link (see trainyard/sdk/netem.py)."""
+    """Local jobs only: each host in its own network namespace behind a shaped link (see trainyard/sdk/backends/local/netem.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     bandwidth_mbit: float = 1000.0
@@ -182,7 +182,7 @@ class JobSpec(BaseModel):
     security_group_ids: tuple[str, ...] = ()
     """EC2: security groups added to the job's own (which lets the hosts talk to each other)."""
     metric_definitions: tuple[dict[str, str], ...] = ()
-    """{"Name", "Regex"}: metrics scraped from the job's log lines (sdk/metrics.py)."""
+    """{"Name", "Regex"}: metrics scraped from the job's log lines (sdk/jobs/metrics.py)."""
     enable_sagemaker_metrics: bool | None = None
     container_log_level: int = 20
     """SM_LOG_LEVEL (logging.INFO by default)."""
@@ -420,7 +420,7 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _ec2(self) -> "JobSpec":
         local = catalog.lookup(self.instance_type).is_local
-        # image_uri on instance_type "local": its hosts run in containers of the image (sdk/containers.py)
+        # image_uri on instance_type "local": its hosts run in containers of the image (sdk/backends/local/containers.py)
         given = [f for f in ("image_uri", "subnets", "use_spot_instances", "max_wait", "security_group_ids",
                              "capacity_reservation_id", "kubernetes") if getattr(self, f)
                  and not (f == "image_uri" and self.instance_type == "local")]

@@ -30,15 +30,17 @@ from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
 from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME,
                                 JobSpec, build_spec)
 from trainyard.job.uris import check_storage_uri, join
-from trainyard.sdk import arguments, packaging, terraform
+from trainyard.sdk import arguments, packaging
+from trainyard.sdk.backends.terraform import render as terraform
 from trainyard.sdk.analytics import TrainingJobAnalytics
 from trainyard.sdk.backends import backend_for, open_job
 from trainyard.sdk.debugger import profiler_request, tensorboard_output
 from trainyard.sdk.inputs import TrainingInput, to_channels
-from trainyard.sdk.job import LOG_MODES
-from trainyard.sdk.jobstate import TERMINAL, job_dir
-from trainyard.sdk.k8s import check as k8s_check, manifests as k8s_manifests
-from trainyard.sdk.netem import unavailable_reason
+from trainyard.sdk.jobs.job import LOG_MODES
+from trainyard.sdk.jobs.jobstate import TERMINAL, job_dir
+from trainyard.sdk.backends.kubernetes import check as k8s_check
+from trainyard.sdk.backends.kubernetes import manifests as k8s_manifests
+from trainyard.sdk.backends.local.netem import unavailable_reason
 from trainyard.sdk.session import default_output_path
 from trainyard.sdk.versions import check_framework
 
@@ -319,7 +321,7 @@ class Estimator:
                      availability_zone_id: str | None = None, cluster: dict | None = None,
                      data_s3_uri: str | None = None, fsx_mounts: list[dict] | None = None) -> list[str]:
         """Render the job `fit(inputs)` would run as a Terraform root module in `path`, using
-        infra/modules (see trainyard/sdk/terraform.py for the folder and the arguments); returns the files written.
+        infra/modules (see trainyard/sdk/backends/terraform/render.py for the folder and the arguments); returns the files written.
 
         Nothing is uploaded or created: the code (when there is code to ship) is packaged into
         `path/sourcedir.tar.gz` and its content-addressed `code_uri` goes into the spec; `terraform apply`
@@ -340,7 +342,7 @@ class Estimator:
                                             fsx_mounts=fsx_mounts, code_archive=archive)
 
     def to_kubernetes(self, path: str | None = None, inputs=None, *, job_name: str | None = None) -> list[dict]:
-        """The job `fit(inputs)` would run, as Kubernetes objects (sdk/k8s/manifests.py): the contract ConfigMap, the
+        """The job `fit(inputs)` would run, as Kubernetes objects (sdk/backends/kubernetes/manifests.py): the contract ConfigMap, the
         FSx PersistentVolumes and claims, the Kubeflow PyTorchJob; with `path`, also written to the folder `path`
         as `pytorchjob.yaml` (for `kubectl apply -f`), beside the code's `sourcedir.tar.gz`.
 

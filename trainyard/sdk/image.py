@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping
 
 import trainyard
 from trainyard.errors import ConfigError, ImageError
-from trainyard.sdk import containers, image_base
+from trainyard.sdk import image_base
+from trainyard.sdk.backends.local import containers
 
 DOCKERFILE = "trainyard/container/Dockerfile"  # relative to the build context (the repository root)
 DOCKERIGNORE = ".dockerignore"
@@ -326,7 +327,7 @@ def build_command(name: str, base: list[str], context_dir: str, ref: str, docker
 def _daemonless_options(name: str, path: str, runner: Runner) -> list[str]:
     """podman and buildah: the host network (no bridge needed to reach the package index), the docker image
     format (OCI drops SHELL, and with it pipefail), open-file limits this process may set, and runc where crun
-    would fail (sdk/containers.py)."""
+    would fail (sdk/backends/local/containers.py)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

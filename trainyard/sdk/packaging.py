@@ -22,7 +22,7 @@ import pathspec
 from trainyard.container import requirements
 from trainyard.job import codearchive, storage
 from trainyard.job.uris import join
-from trainyard.sdk.live import Transfer, size_text
+from trainyard.sdk.jobs.live import Transfer, size_text
 
 log = logging.getLogger("trainyard")
 

@@ -6,7 +6,7 @@ a notebook's first cells (`session.default_bucket()`, `session.upload_data("data
 laptop with no credentials. `Session(boto_session=...)` with a real boto3 session uses real S3, and the
 default bucket is SageMaker's name for it: `sagemaker-<region>-<account>` (created when missing, as
 SageMaker does). An Estimator given `sagemaker_session=Session(boto_session=...)` makes every AWS call of
-its EC2 jobs through that boto3 session, as if given `boto_session=` (sdk/aws/backend.py).
+its EC2 jobs through that boto3 session, as if given `boto_session=` (sdk/backends/ec2/backend.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import os
 from trainyard.job import storage
 from trainyard.errors import ConfigError, known_keywords
 from trainyard.job.uris import join
-from trainyard.sdk.local import storage_env
+from trainyard.sdk.backends.local.backend import storage_env
 from trainyard.sdk.store import DEFAULT_BUCKET, ensure_store
 
 LOCAL_ROLE = "arn:aws:iam::000000000000:role/trainyard-local"

@@ -11,7 +11,7 @@ moto keeps objects in memory; this wrapper makes it behave like a store:
   so jobs and scripts can write to `s3://any-new-bucket/...`; every other request (GET, HEAD, a listing,
   a DELETE) of a missing bucket is answered as S3 answers it (NoSuchBucket) and creates nothing, so a
   check that reads never leaves a bucket behind (the SDK creates the buckets a job writes to, after
-  `fit()`'s checks: sdk/local.py);
+  `fit()`'s checks: sdk/backends/local/backend.py);
 - `GET /_trainyard/health?nonce=N` answers with the server's pid, its key's id and an HMAC of N under its
   secret, so that a client tells its own store from another user's server on a reused port (the one request
   that needs no key);

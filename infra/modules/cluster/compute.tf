@@ -8,7 +8,7 @@ data "aws_ssm_parameter" "ami" {
 }
 
 # The AMI's root device, on which the root volume is mapped, and its snapshot's size, below which EC2
-# refuses a root volume (the EC2 backend reads the same with DescribeImages: trainyard/sdk/aws/provision.py
+# refuses a root volume (the EC2 backend reads the same with DescribeImages: trainyard/sdk/backends/ec2/provision.py
 # image_root and root_volume_gib).
 data "aws_ami" "this" {
   filter {

@@ -52,7 +52,7 @@ variable "ami_id" {
 }
 
 variable "ami_ssm_parameter" {
-  description = "Public SSM parameter holding the AMI ID, used when ami_id is null. The default is the one the EC2 backend resolves (trainyard/sdk/aws/provision.py AMI_PARAMETER)."
+  description = "Public SSM parameter holding the AMI ID, used when ami_id is null. The default is the one the EC2 backend resolves (trainyard/sdk/backends/ec2/provision.py AMI_PARAMETER)."
   type        = string
   default     = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
 

@@ -66,7 +66,7 @@ variable "use_spot" {
 }
 
 variable "user_data" {
-  description = "The instances' user data: the script trainyard/sdk/aws/userdata.py render_user_data writes (mount FSx, pull the image, run the node agent, power off). Identical for every instance."
+  description = "The instances' user data: the script trainyard/sdk/backends/aws/userdata.py render_user_data writes (mount FSx, pull the image, run the node agent, power off). Identical for every instance."
   type        = string
 
   validation {
