@@ -12,11 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import boto3
 import pytest
 
+from tests.waiting import eventually, within
 from tests.timeline import assert_phases_in_order, assert_transitions_cover_the_job
 from trainyard import Estimator
 from trainyard.container.phases import IMAGE_END_ENV, IMAGE_START_ENV, USERDATA_START_ENV
@@ -46,15 +46,14 @@ class Instances:
 
     def start(self, attempt: int, timeout: float = 120) -> None:
         ec2 = boto3.client("ec2")
-        deadline = time.monotonic() + timeout
-        while True:  # the controller launches a later attempt in its own time
-            found = [i for r in ec2.describe_instances(Filters=[
+
+        def launched():
+            return [i for r in ec2.describe_instances(Filters=[
                 {"Name": "tag:trainyard:job", "Values": [self.job]}, {"Name": "tag:trainyard:attempt", "Values": [str(attempt)]},
                 {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
-            if found or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert found, f"attempt {attempt} was never launched"
+
+        # the controller launches a later attempt in its own time
+        found = eventually(launched, timeout, interval=0.5, what=f"attempt {attempt} launched")
         running = now_iso()
         template = ec2.describe_launch_templates(Filters=[{"Name": "tag:trainyard:job", "Values": [self.job]}])
         data = ec2.describe_launch_template_versions(
@@ -98,9 +97,7 @@ class Instances:
 
 
 def _wait(job, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while job.status() == "InProgress" and time.monotonic() < deadline:
-        time.sleep(0.5)
+    within(lambda: job.status() != "InProgress", timeout, interval=0.5)
     return job.describe()
 
 
@@ -116,18 +113,13 @@ def _training_processes(agent_pid: int) -> list[int]:
 def _until_checkpointed(job, ckpt: str) -> None:
     from trainyard.engine.components.checkpoint import list_steps
 
-    deadline = time.monotonic() + 240
-    while not any(list_steps(ckpt).values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert any(list_steps(ckpt).values()), job.log_text()[-3000:]
+    eventually(lambda: any(list_steps(ckpt).values()), 240, interval=0.5, what=lambda: job.log_text()[-3000:])
 
 
 def _second_attempt_resumes(job, instances: Instances) -> str:
     """Plays attempt 2's instances until the job resumes, then stops the job; returns its log."""
     instances.start(attempt=2, timeout=180)
-    deadline = time.monotonic() + 240
-    while "resumed from step" not in job.log_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    within(lambda: "resumed from step" in job.log_text(), 240, interval=0.5)
     logs = job.log_text()
     job.stop()
     return logs
@@ -243,9 +235,7 @@ def test_a_stopped_rank_is_found_by_its_hosts_driver_and_named(account, tmp_path
     instances = Instances("hang", str(tmp_path))
     try:
         instances.start(attempt=1)
-        deadline = time.monotonic() + 240
-        while "step 3/400" not in job.log_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        within(lambda: "step 3/400" in job.log_text(), 240, interval=0.5)
         ranks = _training_processes(instances.agents[1].pid)
         assert len(ranks) == 1, ranks
         os.kill(ranks[0], signal.SIGSTOP)

@@ -1,19 +1,12 @@
 """Job folders mirrored to object storage while the job runs (container/folder_sync.py), and the folders the
 driver mirrors for a job: the TensorBoard folder (event files growing every step) and the profiler's traces."""
 import os
-import time
 
 from tests.container.test_ckpt_sync import _keys
 from trainyard.container.driver import OUTPUT_SYNC_ENV, start_syncs, stop_syncs
 from trainyard.container.folder_sync import FolderSync
 from trainyard.job.spec import build_spec
-
-
-def _eventually(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the timeout"
-        time.sleep(0.05)
+from tests.waiting import eventually
 
 
 def test_an_appended_file_is_uploaded_at_every_scan_without_settling(s3_bucket, tmp_path):
@@ -46,7 +39,7 @@ def test_the_thread_uploads_while_running_and_creates_the_folder(s3_bucket, tmp_
     sync = FolderSync(str(local), f"s3://{s3_bucket}/live", interval=0.05, settle=False).start()
     assert local.is_dir()  # the job writes into it: it exists before the job starts
     (local / "a.txt").write_text("a")
-    _eventually(lambda: "live/a.txt" in _keys(s3_bucket, "live/"), timeout=10)  # before stop(): by the thread
+    eventually(lambda: "live/a.txt" in _keys(s3_bucket, "live/"), timeout=10)  # before stop(): by the thread
     assert sync.stop() == {} and sync.files_uploaded == 1
 
 

@@ -9,6 +9,7 @@ import time
 
 from trainyard.container import hang
 from trainyard.container.hang import Beat, HangWatch, diagnose, ranks_text, stack_top
+from tests.waiting import eventually, within
 
 
 def _beat(rank, *, host=None, t=100.0, step=41, phase="backward", collective="all_gather_into_tensor", seq=5123,
@@ -92,17 +93,14 @@ time.sleep(60)
     p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 10
-        b = None
-        while time.monotonic() < deadline and (b is None or b.seq < 2):  # the thread writes every second
+        def second():  # the thread writes every second
             b = hang.read_beats(str(tmp_path / "rank-*.json")).get(0)
-            time.sleep(0.1)
+            return b if b is not None and b.seq >= 2 else None
+        b = eventually(second, 10)
         assert (b.pid, b.host, b.step, b.phase, b.collective, b.seq, b.waiting) == (
             p.pid, "algo-1", 7, "backward", "all_reduce", 2, False)
         os.kill(p.pid, signal.SIGUSR2)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "in <module>" not in (tmp_path / "stack-rank-0.txt").read_text():
-            time.sleep(0.1)
+        within(lambda: "in <module>" in (tmp_path / "stack-rank-0.txt").read_text(), 10)
         assert 'File "<string>", line 11 in <module>' in (tmp_path / "stack-rank-0.txt").read_text()
         assert p.poll() is None  # the dump does not end the process
     finally:
@@ -120,9 +118,7 @@ def test_host_watch_of_a_driver_fires_once_and_ends_the_hung_ranks(tmp_path):
         _write(tmp_path, _beat(3, host="algo-2", pid=ranks[1].pid, t=now - 60, waiting=False, phase="forward"))
         said = []
         watch = hang.HostHangWatch(str(tmp_path), timeout_s=0.3, say=said.append, poll=0.1).start()
-        deadline = time.monotonic() + 15
-        while not watch.reason and time.monotonic() < deadline:
-            time.sleep(0.1)
+        within(lambda: watch.reason, 15)
         watch.stop()
         assert watch.reason.startswith("Hang: rank 3 (algo-2) stopped in forward at step 41 (no heartbeat for"), \
             watch.reason
@@ -157,11 +153,9 @@ time.sleep(60)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "rendezvous")],
                               env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
-        deadline = time.monotonic() + 60
-        b = None
-        while time.monotonic() < deadline and not (b and b.waiting):
-            b = hang.read_beats(str(tmp_path / "rank-0.json")).get(0)
-            time.sleep(0.2)
+        within(lambda: (b := hang.read_beats(str(tmp_path / "rank-0.json")).get(0)) is not None and b.waiting, 60,
+               interval=0.2)
+        b = hang.read_beats(str(tmp_path / "rank-0.json")).get(0)
         assert b is not None and (b.phase, b.collective, b.waiting) == ("optimizer", "all_reduce", True), b
         assert procs[0].poll() is None  # still waiting for rank 1
     finally:

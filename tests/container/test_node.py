@@ -22,6 +22,7 @@ from trainyard.sdk import packaging
 from trainyard.job.spec import build_spec
 
 from .fake_imds import FakeImds
+from tests.waiting import eventually
 
 JOB_TIMEOUT_S = 180  # one agent run: boto3 and torch imports on a busy 2-core machine, then the script
 
@@ -142,14 +143,12 @@ def _log_lines(aws, stream: str) -> list[str]:
 
 
 def _wait_for(path, timeout: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if proc.poll() is not None:
+    def appeared():
+        if proc.poll() is not None and not os.path.exists(path):
             out = proc.stdout.read()[-4000:]
             raise AssertionError(f"the agent exited ({proc.returncode}) before {path} appeared:\n{out}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} did not appear in {timeout} s")
-        time.sleep(0.1)
+        return os.path.exists(path)
+    eventually(appeared, timeout, what=f"{path} appeared")
 
 
 # -- end to end on one "instance" ----------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Helpers for end-to-end tests of local jobs."""
 import io
+import json
 import os
 import tarfile
-import time
+
+from tests.waiting import eventually, within
 
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
@@ -57,16 +59,28 @@ def job_processes(job) -> list[int]:
 
 
 def assert_no_processes_left(job, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while job_processes(job) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    within(lambda: not job_processes(job), timeout, interval=0.2)
     assert job_processes(job) == [], f"processes of {job.name} survived"
 
 
 def wait_for_log(job, text, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in job.log_text():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in the logs of {job.name}:\n{job.log_text()[-3000:]}")
+    eventually(lambda: text in job.log_text(), timeout, interval=0.2,
+               what=lambda: f"{text!r} in the logs of {job.name}:\n{job.log_text()[-3000:]}")
+
+
+def heartbeat(job, host: str, rank: int) -> dict | None:
+    """Rank `rank`'s heartbeat on `host` (engine/components/heartbeat.py), or None before its first."""
+    try:
+        with open(f"{job.dir}/torchrun/{host}/heartbeat/rank-{rank}.json") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def beat_at_step(job, host: str, rank: int, step: int, timeout: float = 180.0) -> dict:
+    """Rank `rank`'s heartbeat on `host` once it reports step `step` or later."""
+    def reached():
+        beat = heartbeat(job, host, rank)
+        return beat if beat and (beat.get("step") or 0) >= step and beat.get("pid") else None
+    return eventually(reached, timeout, what=lambda: f"{host} rank {rank} at step {step}:\n{job.log_text()[-3000:]}")
+

@@ -2,10 +2,8 @@
 last committed checkpoint and ends with the weights of an uninterrupted run; a user error is not retried
 (slow: real multi-process jobs)."""
 import io
-import json
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import torch
 from trainyard import Estimator
 from trainyard.errors import JobFailedError
 
-from .helpers import SCRIPTS, assert_no_processes_left, read_tar, store_client
+from .helpers import SCRIPTS, assert_no_processes_left, beat_at_step, read_tar, store_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -30,26 +28,12 @@ def _weights(est) -> dict:
     return torch.load(io.BytesIO(read_tar(est.model_data)["model.pt"]), weights_only=True)
 
 
-def _step_of(job, host, rank):
-    try:
-        with open(f"{job.dir}/torchrun/{host}/heartbeat/rank-{rank}.json") as fh:
-            beat = json.load(fh)
-        return beat.get("step") or 0, beat["pid"]
-    except (OSError, ValueError, KeyError):
-        return 0, None
-
-
 def test_a_killed_rank_restarts_the_job_and_the_weights_match_an_uninterrupted_run():
     clean = _est("s3://e2e-resume/clean")
     clean.fit(logs=False)
     faulty = _est("s3://e2e-resume/faulty", max_retry_attempts=1)
     job = faulty.fit(wait=False)
-    deadline = time.monotonic() + 180
-    step, pid = 0, None
-    while time.monotonic() < deadline and step < 12:
-        step, pid = _step_of(job, "algo-2", 3)
-        time.sleep(0.1)
-    assert step >= 12 and pid, job.log_text()[-3000:]
+    pid = beat_at_step(job, "algo-2", 3, 12)["pid"]
     os.kill(pid, signal.SIGKILL)  # as the OOM killer would
     d = job.wait(logs="None")
     assert d["TrainingJobStatus"] == "Completed"

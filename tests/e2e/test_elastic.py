@@ -1,16 +1,14 @@
 """Elastic resume (local): a 2-host job whose second host is lost for good goes on with 1 host, the checkpoint
 resharded from 4 ranks to 2 and the data stream kept: from the resumed step on, its loss curve is that of an
 uninterrupted 1-host run (slow: real multi-process jobs)."""
-import json
 import os
 import signal
-import time
 
 import pytest
 
 from trainyard import Estimator
 
-from .helpers import assert_no_processes_left
+from .helpers import assert_no_processes_left, beat_at_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,15 +32,7 @@ def test_a_lost_host_is_dropped_and_the_job_goes_on_with_the_same_data():
     reference = _losses(one.latest_training_job)
     est = _est("s3://e2e-elastic/two", 2, max_retry_attempts=1, elastic={"min_instance_count": 1})
     job = est.fit(wait=False)
-    deadline, beat = time.monotonic() + 180, {}
-    while time.monotonic() < deadline and (beat.get("step") or 0) < 12:
-        try:
-            with open(f"{job.dir}/torchrun/algo-2/heartbeat/rank-3.json") as fh:
-                beat = json.load(fh)
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    assert (beat.get("step") or 0) >= 12, job.log_text()[-3000:]
+    beat = beat_at_step(job, "algo-2", 3, 12)
     with open(f"/proc/{beat['pid']}/stat") as fh:
         driver = int(fh.read().rsplit(")", 1)[1].split()[1])  # the rank's parent: algo-2's driver
     os.kill(driver, signal.SIGKILL)  # the host is gone

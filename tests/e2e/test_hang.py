@@ -11,19 +11,11 @@ import pytest
 from trainyard import Estimator
 from trainyard.errors import JobFailedError
 
-from .helpers import assert_no_processes_left
+from .helpers import assert_no_processes_left, beat_at_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 HANG_TIMEOUT_S = 6
-
-
-def _beat(job, host, rank):
-    try:
-        with open(f"{job.dir}/torchrun/{host}/heartbeat/rank-{rank}.json") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
 
 
 def test_a_stopped_rank_is_named_and_the_job_fails():
@@ -32,12 +24,7 @@ def test_a_stopped_rank_is_named_and_the_job_fails():
                     hyperparameters={"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32,
                                      "steps": 100000, "log_every": 50})
     job = est.fit(wait=False)
-    deadline = time.monotonic() + 120
-    beat = None
-    while time.monotonic() < deadline and not (beat and (beat.get("step") or 0) >= 3):
-        beat = _beat(job, "algo-2", 3)
-        time.sleep(0.2)
-    assert beat and beat["step"] >= 3, job.log_text()[-3000:]
+    beat = beat_at_step(job, "algo-2", 3, 3, timeout=120)
     os.kill(beat["pid"], signal.SIGSTOP)
     stopped = time.monotonic()
     with pytest.raises(JobFailedError) as e:

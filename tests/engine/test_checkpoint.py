@@ -5,6 +5,7 @@ import torch
 from trainyard.engine.components import checkpoint as ckpt
 from trainyard.engine.models.llama.model import Transformer, ModelConfig, init_weights
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
+from tests.waiting import within
 
 
 def _fake_step(uri: str, step: int, committed: bool) -> None:
@@ -265,17 +266,13 @@ def test_async_save_stages_then_uploads_and_reports_failures(uri, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_async_saver_purges_in_the_background(uri, monkeypatch):
-    import time
-
     model, opt, sched = _setup(seed=0)
     said: list[str] = []
     saver = ckpt.AsyncSaver(uri, keep_last=2, say=said.append)
     for step in (1, 2, 3):
         saver.save(step, model, opt, sched)
     # no wait(): once step 3 is committed the background thread purges step 1 by itself
-    deadline = time.monotonic() + 30
-    while ckpt.list_steps(uri) != {2: True, 3: True} and time.monotonic() < deadline:
-        time.sleep(0.05)
+    within(lambda: ckpt.list_steps(uri) == {2: True, 3: True}, 30, interval=0.05)
     assert ckpt.list_steps(uri) == {2: True, 3: True}
     assert saver.wait()
     # a purge that fails is reported; the step it followed stays committed and the save counts as done

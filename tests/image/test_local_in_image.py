@@ -13,7 +13,8 @@ import pytest
 from trainyard import Estimator
 from trainyard.errors import JobFailedError
 
-from tests.e2e.test_hang import _beat
+from tests.e2e.helpers import beat_at_step, heartbeat, wait_for_log
+from tests.waiting import within
 
 from .conftest import leftovers
 
@@ -117,12 +118,7 @@ def test_a_failing_rank_a_hung_rank_and_stop_are_reported_and_cleaned_up(engine,
     hung = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
                      processes_per_host=2, image_uri=cpu_image, max_run=300, hang_timeout_s=6,
                      hyperparameters={**HPS, "steps": 100000, "log_every": 50}).fit(wait=False)
-    deadline = time.monotonic() + 120
-    beat = None
-    while time.monotonic() < deadline and not (beat and (beat.get("step") or 0) >= 2):
-        beat = _beat(hung, "algo-2", 3)
-        time.sleep(0.2)
-    assert beat, hung.log_text()[-3000:]
+    beat = beat_at_step(hung, "algo-2", 3, 2, timeout=120)
     os.kill(beat["pid"], signal.SIGSTOP)
     with pytest.raises(JobFailedError) as e:
         hung.wait(logs="None")
@@ -130,9 +126,7 @@ def test_a_failing_rank_a_hung_rank_and_stop_are_reported_and_cleaned_up(engine,
     # stop(): the job ends Stopped
     est = Estimator(entry_point="long.py", **common)
     job = est.fit(wait=False)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and "step 3" not in job.log_text():
-        time.sleep(0.2)
+    wait_for_log(job, "step 3", timeout=120)
     job.stop()
     assert job.status() == "Stopped"
     for j in (failed, hung, job):
@@ -180,10 +174,8 @@ def test_a_killed_rank_resumes_from_the_images_checkpoint(engine, cpu_image, mon
     clean.fit(logs="None")
     ckpt = f"s3://image-resume/{uuid.uuid4().hex[:8]}"
     job = Estimator(**common, checkpoint_s3_uri=ckpt, image_uri=cpu_image, max_retry_attempts=1).fit(wait=False)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not any(list_steps(ckpt).values()):
-        time.sleep(0.2)
-    beat = _beat(job, "algo-2", 1)
+    within(lambda: any(list_steps(ckpt).values()), 180, interval=0.2)
+    beat = heartbeat(job, "algo-2", 1)
     assert beat and any(list_steps(ckpt).values()), job.log_text()[-3000:]
     os.kill(beat["pid"], signal.SIGKILL)
     job.wait(logs="None")

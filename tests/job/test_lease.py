@@ -6,6 +6,7 @@ import pytest
 
 from trainyard.job import lease
 from trainyard.job.spec import build_spec
+from tests.waiting import within
 
 
 def test_a_live_lease_refuses_another_job_and_a_stale_one_is_taken_over(tmp_path, monkeypatch):
@@ -37,7 +38,7 @@ def test_the_heartbeat_renews_and_releases_only_its_own(tmp_path, monkeypatch):
     lease.take(loc, "job-a")
     first = lease.read(loc)["heartbeat"]
     beat = lease.Heartbeat([loc], "job-a", say=print).start()
-    time.sleep(0.3)
+    within(lambda: lease.read(loc)["heartbeat"] > first, 10, interval=0.05)
     assert lease.read(loc)["heartbeat"] > first
     beat.stop()
     assert lease.read(loc) is None  # removed at the end

@@ -20,6 +20,7 @@ from trainyard.container import codefetch
 from trainyard.job import codearchive, storage
 from trainyard.errors import ConfigError
 from trainyard.sdk import gitsource, packaging, store
+from tests.waiting import within
 
 
 @pytest.fixture
@@ -98,9 +99,7 @@ def test_another_user_s_server_on_the_store_s_old_port_is_not_taken_for_the_stor
     info = json.loads(open(os.path.join(root, "server.json")).read())
     key_id = json.loads(open(os.path.join(root, "credentials.json")).read())["access_key_id"]
     os.kill(info["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and store.healthy(info["url"], timeout=0.2):
-        time.sleep(0.05)
+    within(lambda: not store.healthy(info["url"], timeout=0.2), 10, interval=0.05)
 
     class Impostor(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

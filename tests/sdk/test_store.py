@@ -7,6 +7,7 @@ import boto3
 import pytest
 
 from trainyard.sdk import store
+from tests.waiting import within
 
 
 def _client(url):
@@ -59,7 +60,6 @@ def test_shared_between_processes_and_persistent(own_home):
 
 def test_deleted_and_overwritten_objects_free_their_disk(own_home):
     import os
-    import time
 
     s3 = _client(store.ensure_store().url)
     blobs = own_home / "store" / "objects"
@@ -75,9 +75,7 @@ def test_deleted_and_overwritten_objects_free_their_disk(own_home):
     s3.delete_object(Bucket="scratch", Key="a")
     s3.delete_object(Bucket="scratch", Key="same")
     s3.delete_bucket(Bucket="scratch")
-    deadline = time.monotonic() + 10
-    while stored() != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    within(lambda: stored() == 1, 10, interval=0.05)
     assert stored() == 1  # what "keep" still holds
     assert s3.get_object(Bucket="keep", Key="same")["Body"].read() == b"shared"
 
