@@ -450,6 +450,10 @@ class JobSpec(BaseModel):
                                 processes_per_host=self.processes_per_host)
         except ValueError as e:
             raise ValueError(f"distribution: {str(e).removeprefix('distribution: ')}") from None
+        if self._typed.cpu_offload and catalog.lookup(self.instance_type).num_gpus == 0:
+            raise ValueError(f"distribution: mics.cpu_offload moves GPU memory to the host, and {self.instance_type!r} "
+                             "has no GPU (its model states are in host memory already); set cpu_offload to false, or "
+                             "use a GPU instance type")
         return self
 
     @model_validator(mode="after")

@@ -197,3 +197,25 @@ def source(git_config: dict[str, str] | None, source_dir: str | None,
     repo = gitsource.clone(git_config)
     return (os.path.join(repo, source_dir) if source_dir else repo,
             [os.path.join(repo, d) for d in dependencies or []], repo)
+
+
+def check_emulated_network(local: bool, unavailable_reason) -> None:
+    """`emulated_network` is for local jobs on a machine that can shape links (`unavailable_reason()` says
+    why not, or "")."""
+    if not local:
+        raise ConfigError("emulated_network", "only for instance_type='local'")
+    why = unavailable_reason()
+    if why:
+        raise ConfigError("emulated_network", why)
+
+
+def notes(spec, said: list[str]) -> list[str]:
+    """What the Estimator says on stderr once built: the version and profiler notes, then the arguments
+    accepted with no effect on the backend that runs the job (named once)."""
+    lines = [f"[trainyard] {note}" for note in said]
+    if spec.inert:
+        where = "local jobs" if catalog.lookup(spec.instance_type).is_local else {
+            "sagemaker": "SageMaker jobs", "kubernetes": "Kubernetes jobs"}.get(spec.backend, "EC2 jobs")
+        lines.append(f"[trainyard] accepted with no effect on {where}: {', '.join(spec.inert)} (docs/sdk.md says why)")
+    return lines
+

@@ -168,17 +168,9 @@ class Estimator:
         if planned is not None:
             fields["plan"] = planned
         if emulated_network is not None:
-            if not local:
-                raise ConfigError("emulated_network", "only for instance_type='local'")
-            why = unavailable_reason()
-            if why:
-                raise ConfigError("emulated_network", why)
+            arguments.check_emulated_network(local, unavailable_reason)
             fields["emulated_network"] = emulated_network
         self._spec = build_spec(**fields)
-        if self._spec.parallelism.cpu_offload and catalog.lookup(self._spec.instance_type).num_gpus == 0:
-            raise ConfigError("distribution", f"mics.cpu_offload moves GPU memory to the host, and "
-                                              f"{self._spec.instance_type!r} has no GPU (its model states are in host "
-                                              "memory already); set cpu_offload to false, or use a GPU instance type")
         if kind == "module" and entry == BUILTIN_TRAINER:
             _check_builtin_hyperparameters(self._spec)
             if tensorboard is not None and local:
@@ -191,14 +183,9 @@ class Estimator:
         self.sagemaker_session = session
         self.boto_session = boto_session  # EC2 jobs: the boto3 Session of every AWS call (default: boto3's)
         self.latest_training_job = None
-        self.inert_arguments = inert = sorted_out.inert
-        for note in [*notes, *([profiling.note] if profiling.note else [])]:
-            print(f"[trainyard] {note}", file=sys.stderr)
-        if inert:
-            where = "local jobs" if local else {"sagemaker": "SageMaker jobs", "kubernetes": "Kubernetes jobs"}.get(
-                self._spec.backend, "EC2 jobs")
-            print(f"[trainyard] accepted with no effect on {where}: {', '.join(inert)} (docs/sdk.md says why)",
-                  file=sys.stderr)
+        self.inert_arguments = sorted_out.inert
+        for line in arguments.notes(self._spec, [*notes, *([profiling.note] if profiling.note else [])]):
+            print(line, file=sys.stderr)
 
     # SageMaker-style read access to what was configured
     def __getattr__(self, name: str):
