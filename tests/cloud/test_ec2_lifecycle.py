@@ -8,6 +8,7 @@ it here, with a fake IMDS per instance (launch index, instance id, spot notice) 
 login, docker pull) is tested in tests/sdk/test_userdata.py.
 """
 import base64
+import glob
 import os
 import signal
 import subprocess
@@ -79,6 +80,15 @@ class Instances:
                 self.agents.append(subprocess.Popen([sys.executable, *command[1:], "--root", root,
                                                      "--hosts-file", f"{root}.hosts"], env=env,
                                                     stdout=log, stderr=subprocess.STDOUT))
+
+    def agent_logs(self, attempt: int, tail: int = 1500) -> str:
+        """The end of each of an attempt's agent logs (its driver's and ranks' lines are in them): what a failed
+        wait shows."""
+        out = []
+        for path in sorted(glob.glob(f"{self.root}/attempt-{attempt}/*.log")):
+            with open(path, errors="replace") as fh:
+                out.append(f"--- {os.path.basename(path)}\n{fh.read()[-tail:]}")
+        return "\n".join(out)
 
     def interrupt(self) -> None:
         for imds in self.imds:
@@ -217,7 +227,7 @@ def test_a_killed_rank_restarts_the_job_on_new_instances(account, tmp_path):
         logs = _second_attempt_resumes(job, instances)
     finally:
         instances.stop()
-    assert "resumed from step" in logs, logs[-3000:]
+    assert "resumed from step" in logs, logs[-3000:] + "\n" + instances.agent_logs(2)
     d = job.describe()
     first = d["Attempts"][0]
     assert first["Attempt"] == 1 and first["Outcome"] == "Failed", first

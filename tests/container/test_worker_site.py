@@ -31,8 +31,9 @@ def test_an_open_process_group_is_destroyed_at_exit_and_the_hidden_sitecustomize
 
 THREADED = """
 import sys, threading
+sys.setswitchinterval(1e-6)  # the threads switch often, loaded machine or not: a collision is near certain
 def w(tag):
-    for i in range(3000):
+    for i in range(20000):
         print(f"{tag} line {i} " + "x" * 40)
 ts = [threading.Thread(target=w, args=(t,)) for t in "AB"]
 [t.start() for t in ts]; [t.join() for t in ts]
