@@ -6,8 +6,10 @@
   `keep_alive_period_in_seconds` (SageMaker's warm pools, used by that backend only): which are used, which
   are accepted and named as without effect (`inert`), and the EC2 fields the spec gets;
 - `source`: a git_config's clone standing in for source_dir, and the dependencies inside it;
-- `resolve_entry_point`, `check_dependencies`, `processes_per_host`, `auto_options`: the entry point as the
-  job sees it, the dependencies, SageMaker's processes-per-host rule and the planned form of `distribution`.
+- `resolve_entry_point`, `check_dependencies`, `processes_per_host`, `auto_options`, `check_emulated_network`:
+  the entry point as the job sees it, the dependencies, SageMaker's processes-per-host rule, the planned form of
+  `distribution` and where an emulated network can be;
+- `notes`: what the Estimator says on stderr once built (the arguments without effect, named once).
 
 Everything here but `source` (which clones) reads only its arguments and the files they name.
 """

@@ -209,7 +209,10 @@ class Controller:
                     when = progress.interrupted_at([docs[h] for h in interrupted])
                     decision = self.decide(attempt, "Interrupted", what)
                     if decision.action == "end" or not self.retry(attempt, what, started, when):
-                        reason = decision.why or f"{what}: no new capacity came before max_wait"
+                        if self.stopping:  # stop() while the job was interrupted: it ends Stopped
+                            outcome = "Stopped"
+                        else:
+                            reason = decision.why or f"{what}: no new capacity came before max_wait"
                         break
                     attempt += 1
                     continue
