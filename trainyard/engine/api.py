@@ -394,13 +394,15 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
     return _checkpoints(ctx, uri, keep_last).save(step, model, optimizer, scheduler, extra=extra, blocking=blocking)
 
 
-def _checkpoints(ctx: Context, uri: str, keep_last: int = ckpt.DEFAULT_KEEP_LAST) -> ckpt.CheckpointManager:
-    """The context's manager of the checkpoints at `uri` (one per location: its save in flight)."""
+def _checkpoints(ctx: Context, uri: str, keep_last: int | None = None) -> ckpt.CheckpointManager:
+    """The context's manager of the checkpoints at `uri` (one per location: its save in flight); `keep_last`,
+    when given, is what its saves keep from now on."""
     manager = ctx._savers.get(uri)
     if manager is None:
         manager = ctx._savers[uri] = ckpt.CheckpointManager(
-            uri, keep_last=keep_last, say=lambda m: print(m, flush=True) if ctx.is_main else None)
-    manager.keep_last = keep_last
+            uri, say=lambda m: print(m, flush=True) if ctx.is_main else None)
+    if keep_last is not None:
+        manager.keep_last = keep_last
     return manager
 
 

@@ -198,6 +198,7 @@ class CheckpointManager:
             return time.perf_counter() - t0
         if self._saver is None:
             self._saver = AsyncSaver(self.uri, keep_last=self.keep_last, say=self.say)
+        self._saver.keep_last = self.keep_last  # the save's own keep_last, as a blocking save has it
         return self._saver.save(step, model, optimizer, scheduler, extra=extra)
 
     def wait(self) -> bool:
