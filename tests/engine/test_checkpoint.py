@@ -374,3 +374,18 @@ def test_damage_is_read_from_the_exceptions_types():
     assert ckpt.damage(gathered) == str(damaged)
     assert ckpt.damage(damaged) == str(damaged)
     assert ckpt.damage(CheckpointException("x", {2: (OSError("SlowDown"), None)})) == "OSError: SlowDown"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_manager_saves_waits_resumes_and_keeps_what_the_last_save_asked(uri):
+    model, opt, sched = _setup(seed=0)
+    manager = ckpt.CheckpointManager(uri, keep_last=1, say=lambda m: None)
+    for step in (1, 2):
+        manager.save(step, model, opt, sched)
+    assert manager.wait() and ckpt.list_steps(uri) == {2: True}
+    manager.keep_last = 3
+    manager.save(3, model, opt, sched)
+    manager.save(4, model, opt, sched, blocking=True)
+    assert ckpt.list_steps(uri) == {2: True, 3: True, 4: True}
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    assert manager.resume(fresh, fresh_opt, fresh_sched) == 4 and manager.newest_verified() == 4
