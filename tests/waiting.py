@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
+from trainyard.sdk.jobs.jobstate import wait_for
+
 T = TypeVar("T")
 
 
@@ -23,10 +25,6 @@ def eventually(predicate: Callable[[], T], timeout: float, *, interval: float = 
         time.sleep(interval)
 
 
-def within(predicate: Callable[[], bool], timeout: float, *, interval: float = 0.1) -> bool:
-    """Poll `predicate` until it is true or `timeout` passes; returns its last value (for waits whose end is
-    checked by the test's own assertion, with its own message)."""
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(interval)
-    return bool(predicate())
+# wait until true or timed out, returning the last value: the SDK's own poll (its callers check the result
+# with their own message)
+within = wait_for

@@ -24,6 +24,7 @@ from trainyard.job import catalog
 from trainyard.errors import ConfigError
 from trainyard.job.spec import MODULE_NAME
 from trainyard.sdk import gitsource
+from trainyard.sdk.backends.local.netem import unavailable_reason
 
 # SageMaker arguments that ask for a service Trainyard does not run, with the values that ask for nothing
 # (those are not reported). Any other value is accepted and named once as having no effect.
@@ -201,9 +202,8 @@ def source(git_config: dict[str, str] | None, source_dir: str | None,
             [os.path.join(repo, d) for d in dependencies or []], repo)
 
 
-def check_emulated_network(local: bool, unavailable_reason) -> None:
-    """`emulated_network` is for local jobs on a machine that can shape links (`unavailable_reason()` says
-    why not, or "")."""
+def check_emulated_network(local: bool) -> None:
+    """`emulated_network` is for local jobs on a machine that can shape links (netem's `unavailable_reason`)."""
     if not local:
         raise ConfigError("emulated_network", "only for instance_type='local'")
     why = unavailable_reason()

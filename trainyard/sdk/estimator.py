@@ -40,7 +40,6 @@ from trainyard.sdk.jobs.job import LOG_MODES
 from trainyard.sdk.jobs.jobstate import TERMINAL, job_dir
 from trainyard.sdk.backends.kubernetes import check as k8s_check
 from trainyard.sdk.backends.kubernetes import manifests as k8s_manifests
-from trainyard.sdk.backends.local.netem import unavailable_reason
 from trainyard.sdk.session import default_output_path
 from trainyard.sdk.versions import check_framework
 
@@ -168,7 +167,7 @@ class Estimator:
         if planned is not None:
             fields["plan"] = planned
         if emulated_network is not None:
-            arguments.check_emulated_network(local, unavailable_reason)
+            arguments.check_emulated_network(local)
             fields["emulated_network"] = emulated_network
         self._spec = build_spec(**fields)
         if kind == "module" and entry == BUILTIN_TRAINER:
