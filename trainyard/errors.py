@@ -77,14 +77,25 @@ def known_keywords(obj: T) -> T:
     return checked  # type: ignore[return-value]
 
 
-class JobFailedError(RuntimeError):
-    """A training job ended Failed (or ran past max_run). `describe()` holds the same FailureReason."""
+class UnexpectedStatusException(ValueError):
+    """SageMaker's `sagemaker.exceptions.UnexpectedStatusException`: a job ended in a status the call did not
+    allow. `allowed_statuses` and `actual_status` as SageMaker's."""
+
+    def __init__(self, message: str, allowed_statuses: list[str], actual_status: str):
+        self.allowed_statuses, self.actual_status = allowed_statuses, actual_status
+        super().__init__(message)
+
+
+class JobFailedError(UnexpectedStatusException, RuntimeError):
+    """A training job ended Failed. `describe()` holds the same FailureReason. An UnexpectedStatusException, so
+    that a notebook's `except sagemaker.exceptions.UnexpectedStatusException` (as `trainyard.exceptions`) catches
+    it, and a RuntimeError as before."""
 
     def __init__(self, job_name: str, status: str, reason: str):
         self.job_name = job_name
         self.status = status
         self.reason = reason
-        super().__init__(f"training job {job_name} {status}: {reason}")
+        super().__init__(f"training job {job_name} {status}: {reason}", ["Completed", "Stopped"], status)
 
 
 class ImageError(RuntimeError):

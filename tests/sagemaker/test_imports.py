@@ -14,6 +14,15 @@ IMPORTS = [
                             "rule_configs"]),
     ("trainyard.huggingface", ["HuggingFace"]),               # from sagemaker.huggingface import HuggingFace
     ("trainyard.analytics", ["TrainingJobAnalytics"]),        # from sagemaker.analytics import TrainingJobAnalytics
+    ("trainyard.pytorch.estimator", ["PyTorch"]),             # from sagemaker.pytorch.estimator import PyTorch
+    ("trainyard.pytorch.model", ["PyTorchModel"]),
+    ("trainyard.huggingface.estimator", ["HuggingFace"]),
+    ("trainyard.huggingface.model", ["HuggingFaceModel"]),
+    ("trainyard.model", ["Model"]),
+    ("trainyard.exceptions", ["UnexpectedStatusException"]),
+    ("trainyard.utils", ["name_from_base", "base_from_name", "unique_name_from_base", "sagemaker_timestamp"]),
+    ("trainyard.s3", ["S3Uploader", "S3Downloader", "parse_s3_url", "s3_path_join"]),
+    ("trainyard.image_uris", ["retrieve"]),
 ]
 
 

@@ -7,6 +7,7 @@ The estimator follows aws-samples/amazon-sagemaker-local-mode
 pytorch_script_mode_local_training_and_serving (LocalSession with local_code, the dummy role, a
 `file://` input); the last test runs that sample's `fit('file://./data/')` as written.
 """
+import os
 import uuid
 
 import pytest
@@ -94,6 +95,24 @@ def test_job_handle(tmp_path, monkeypatch, capsys, caplog, recwarn):
     assert attached.latest_training_job.name == job_name
     assert attached.model_data == model_data
     assert decode_hp(attached.hyperparameters()["epochs"]) == 2
+
+    # the helpers around the estimator (issue 34): create_model, the session's job calls, trainyard.s3
+    model = estimator.create_model()
+    assert type(model).__name__ == "PyTorchModel" and model.model_data == model_data and model.role == role
+    with pytest.raises(NotImplementedError, match="does not host endpoints"):
+        model.deploy(initial_instance_count=1, instance_type="ml.m5.xlarge")
+    assert estimator.sagemaker_session is sagemaker_session
+    assert sagemaker_session.describe_training_job(job_name)["TrainingJobStatus"] == "Completed"
+    described = sagemaker_session.sagemaker_client.describe_training_job(TrainingJobName=job_name)
+    assert described["ModelArtifacts"]["S3ModelArtifacts"] == model_data
+    sagemaker_session.logs_for_job(job_name, wait=True)
+    assert "epoch 2/2 files=part-0.csv" in capsys.readouterr().out
+
+    from trainyard.s3 import S3Downloader
+
+    assert model_data in S3Downloader.list(model_data.rsplit("/", 1)[0])
+    files = S3Downloader.download(model_data, str(tmp_path / "model"))
+    assert [os.path.basename(f) for f in files] == ["model.tar.gz"]
 
 
 def test_local_mode_sample_as_written(tmp_path, monkeypatch, capsys):

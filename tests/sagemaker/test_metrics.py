@@ -1,29 +1,24 @@
 """(8) metric_definitions: the Hugging Face SageMaker metrics notebook (huggingface/notebooks
 sagemaker/06_sagemaker_metrics): the same metric_definitions regexes (two groups each: the value is group 1,
 as in SageMaker), plus {"Name": "train:loss", "Regex": "loss: ([0-9\\.]+)"} from SageMaker's docs;
-then describe()["FinalMetricDataList"], TrainingJobAnalytics(...).dataframe() (rows() where pandas is not
-installed), estimator.training_job_analytics, and latest_training_job.metrics().
+then describe()["FinalMetricDataList"], TrainingJobAnalytics(...).dataframe() (pandas is a dependency: the
+same rows as rows()), estimator.training_job_analytics, and latest_training_job.metrics().
 """
-import importlib.util
-
 import pytest
 
 from .helpers import MAX_RUN, LOCAL_ROLE, copy_scripts, read_tar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-HAVE_PANDAS = importlib.util.find_spec("pandas") is not None
 LOSS = [0.5, 0.3333, 0.25]
 EVAL_LOSS = [0.5, 0.4, 0.3]
 
 
 def _table(analytics) -> list[dict]:
-    """(timestamp, metric_name, value) rows: dataframe() as SageMaker users call it, or rows() without pandas."""
-    if HAVE_PANDAS:
-        return analytics.dataframe().to_dict("records")
-    with pytest.raises(ImportError, match="pandas"):
-        analytics.dataframe()
-    return analytics.rows()
+    """(timestamp, metric_name, value) rows: dataframe() as SageMaker users call it, the same as rows()."""
+    rows = analytics.dataframe().to_dict("records")
+    assert rows == analytics.rows()
+    return rows
 
 
 def _values(rows, name) -> list[float]:

@@ -7,8 +7,8 @@ from trainyard.sdk.backends import open_job
 
 class TrainingJobAnalytics:
     """SageMaker's `TrainingJobAnalytics(training_job_name, metric_names=None)`: the job's metrics as a
-    table. `dataframe()` gives pandas' DataFrame (columns timestamp, metric_name, value) when pandas is
-    installed; `rows()` the same as dicts."""
+    table. `dataframe()` gives pandas' DataFrame (columns timestamp, metric_name, value); `rows()` the same
+    as dicts."""
 
     def __init__(self, training_job_name: str, metric_names: list[str] | None = None, sagemaker_session=None,
                  start_time=None, end_time=None, period=None):
@@ -32,9 +32,6 @@ class TrainingJobAnalytics:
         return out
 
     def dataframe(self, force_refresh: bool = False):
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError("training_job_analytics.dataframe() needs pandas (pip install pandas); "
-                              "rows() gives the same table as a list of dicts") from None
+        import pandas as pd  # a dependency, imported only here: the SDK's import stays light
+
         return pd.DataFrame(self.rows(), columns=["timestamp", "metric_name", "value"])

@@ -40,7 +40,8 @@ from trainyard.sdk.jobs.job import LOG_MODES
 from trainyard.sdk.jobs.jobstate import TERMINAL, job_dir
 from trainyard.sdk.backends.kubernetes import check as k8s_check
 from trainyard.sdk.backends.kubernetes import manifests as k8s_manifests
-from trainyard.sdk.session import default_output_path
+from trainyard.sdk import model
+from trainyard.sdk.session import LocalSession, Session, default_output_path
 from trainyard.sdk.versions import check_framework
 
 
@@ -137,7 +138,7 @@ class Estimator:
             check_storage_uri("code_location", code_location)
         self.code_location = code_location
         self.base_job_name = base_job_name or _default_base_name(entry)
-        _check_job_name("base_job_name", self.base_job_name, max_len=63 - len("-YYYYMMDD-HHMMSS-fff"))
+        _check_job_name("base_job_name", self.base_job_name)  # cut to fit beside the time in each job's name
         self.framework_version, self.py_version = framework_version, py_version
         notes = check_framework(self._versions(), py_version, local=local)
         auto = arguments.auto_options(distribution)
@@ -179,7 +180,8 @@ class Estimator:
         self.model_uri, self.model_channel_name = model_uri, model_channel_name
         if model_uri is not None:
             to_channels({model_channel_name: model_uri})  # checked now, staged as a channel by fit()
-        self.sagemaker_session = session
+        # SageMaker's estimators always have one: its job calls (describe_training_job, logs_for_job) work on it
+        self.sagemaker_session = session if session is not None else (LocalSession() if local else Session())
         self.boto_session = boto_session  # EC2 jobs: the boto3 Session of every AWS call (default: boto3's)
         self.latest_training_job = None
         self.inert_arguments = sorted_out.inert
@@ -246,6 +248,21 @@ class Estimator:
         raise NotImplementedError("Trainyard trains; it does not host endpoints. Load model_data "
                                   f"({self.model_data}) with your serving stack")
 
+    _model_class = "Model"  # the framework estimators name theirs (sdk/model.py)
+
+    def create_model(self, role: str | None = None, image_uri: str | None = None, entry_point: str | None = None,
+                     source_dir: str | None = None, **kwargs):
+        """SageMaker's `create_model()`: a `Model` whose `model_data` is the last job's `model.tar.gz` (the job must
+        have run: `fit()` or `Estimator.attach`). Its `deploy()` is refused, as this Estimator's is."""
+        self._require_job()
+        cls = getattr(model, self._model_class)
+        return cls(model_data=self.model_data, role=role or self._spec.role, image_uri=image_uri or self._spec.image_uri,
+                   entry_point=entry_point, source_dir=source_dir or self.source_dir,
+                   sagemaker_session=self.sagemaker_session, **{**self._model_versions(), **kwargs})
+
+    def _model_versions(self) -> dict:
+        return {}
+
     @known_keywords
     def fit(self, inputs=None, wait: bool = True, logs="All", job_name: str | None = None,
             experiment_config: dict | None = None, dry_run: bool = False):
@@ -299,7 +316,9 @@ class Estimator:
                 inputs = {"training": inputs}
             inputs = {**(inputs or {}), self.model_channel_name: self.model_uri}
         channels = to_channels(inputs, default_input_mode=self._spec.input_mode)
-        name = job_name or f"{self.base_job_name}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
+        stamp = datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S-%f')[:-3]
+        # as SageMaker's name_from_base: the base cut so that the name fits 63 characters
+        name = job_name or f"{self.base_job_name[:62 - len(stamp)].rstrip('-')}-{stamp}"
         _check_job_name("job_name", name)
         return self._spec.evolve(job_name=name, channels=channels)
 

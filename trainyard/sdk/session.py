@@ -15,6 +15,7 @@ import os
 from trainyard.job import storage
 from trainyard.errors import ConfigError, known_keywords
 from trainyard.job.uris import join
+from trainyard.sdk.backends import open_job
 from trainyard.sdk.backends.local.backend import storage_env
 from trainyard.sdk.store import DEFAULT_BUCKET, ensure_store
 
@@ -37,6 +38,34 @@ class Session:
         self._default_bucket = default_bucket
         self.default_bucket_prefix = default_bucket_prefix
         self.config = None
+        self._sagemaker_client = sagemaker_client
+
+    @property
+    def sagemaker_client(self):
+        """The client given to the constructor, else one that answers the SageMaker API calls a notebook makes about
+        its training jobs (`describe_training_job`, `stop_training_job`) from Trainyard's own jobs."""
+        return self._sagemaker_client or JobsClient()
+
+    def describe_training_job(self, job_name: str) -> dict:
+        """SageMaker's `describe()` of the job (`DescribeTrainingJob`'s fields)."""
+        return open_job(job_name).describe()
+
+    def logs_for_job(self, job_name: str, wait: bool = False, poll: float = 10, log_type: str = "All",
+                     timeout: float | None = None) -> None:
+        """Print the job's log; with `wait`, follow it to its end and raise (an UnexpectedStatusException) when it
+        failed, as SageMaker's `logs_for_job` does."""
+        job = open_job(job_name)
+        if wait:
+            job.wait(logs=log_type)
+        else:
+            job.logs(wait=False)
+
+    def wait_for_job(self, job: str, poll: float = 5) -> dict:
+        """Block until the job ends; its description. Raises when it failed, as SageMaker's does."""
+        return open_job(job).wait(logs="None")
+
+    def stop_training_job(self, job_name: str) -> None:
+        open_job(job_name).stop()
 
     @property
     def embedded(self) -> bool:
@@ -140,6 +169,24 @@ class Session:
         return join(base, prefix) if prefix else base
 
 
+class JobsClient:
+    """The part of boto3's SageMaker client that a training notebook calls about its jobs, answered by Trainyard's
+    jobs (of this machine, or followed from it): `describe_training_job(TrainingJobName=...)` and
+    `stop_training_job(TrainingJobName=...)`. Other calls are refused by name."""
+
+    def describe_training_job(self, TrainingJobName: str) -> dict:  # noqa: N803 - boto3's argument name
+        return open_job(TrainingJobName).describe()
+
+    def stop_training_job(self, TrainingJobName: str) -> dict:  # noqa: N803
+        open_job(TrainingJobName).stop()
+        return {}
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"Session().sagemaker_client.{name}: Trainyard answers describe_training_job and "
+                             "stop_training_job about its jobs; for anything else of SageMaker's API pass "
+                             "Session(sagemaker_client=boto3.client('sagemaker'))")
+
+
 class LocalSession(Session):
     """SageMaker's `LocalSession` (local mode): jobs and data on this machine. `config` is accepted
     (`{"local": {"local_code": True}}`: code is always read from this machine here)."""
@@ -185,4 +232,4 @@ def default_output_path(session: Session | None, *, local: bool) -> str:
                                      "sagemaker_session=trainyard.Session(boto_session=...) for its default bucket)")
 
 
-__all__ = ["LocalSession", "Session", "default_output_path", "get_execution_role"]
+__all__ = ["JobsClient", "LocalSession", "Session", "default_output_path", "get_execution_role"]

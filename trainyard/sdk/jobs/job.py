@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -135,7 +136,9 @@ class TrainingJob:
     def wait(self, logs="All", poll: float = 0.2) -> dict:
         """Block until the job ends, printing its log lines as they come unless `logs` is "None" (or False).
 
-        Raises JobFailedError when it Failed or ran past max_run; Ctrl-C stops the job, then re-raises.
+        Raises JobFailedError (an UnexpectedStatusException) when it Failed. A job that ended Stopped (by
+        `stop()`, or by max_run) returns, with a warning on stderr naming why, as SageMaker's SDK warns.
+        Ctrl-C stops the job, then re-raises.
         """
         if logs not in LOG_MODES:
             raise ConfigError("logs", f"{logs!r}: use 'All', 'None' or 'Rules' (or True/False)")
@@ -146,9 +149,13 @@ class TrainingJob:
             self.stop()
             raise
         d = self.describe()
-        outcome = "MaxRuntimeExceeded" if d["SecondaryStatus"] == "MaxRuntimeExceeded" else d["TrainingJobStatus"]
-        if outcome in ("Failed", "MaxRuntimeExceeded"):
-            raise JobFailedError(self.name, outcome, d.get("FailureReason", ""))
+        if d["TrainingJobStatus"] == "Failed":
+            raise JobFailedError(self.name, "Failed", d.get("FailureReason", ""))
+        if d["TrainingJobStatus"] == "Stopped":
+            why = d.get("FailureReason") or ("stopped by max_run" if d["SecondaryStatus"] == "MaxRuntimeExceeded"
+                                             else "stopped")
+            print(f"[trainyard] warning: job {self.name} ended Stopped, not Completed ({why}); its model and "
+                  "checkpoints are what it had saved by then", file=sys.stderr, flush=True)
         return d
 
     def logs(self, wait: bool = True, poll: float = 0.2) -> None:

@@ -1,4 +1,4 @@
-"""SageMaker's `sagemaker.huggingface` import path."""
+"""SageMaker's `sagemaker.huggingface.estimator` import path."""
 from trainyard.sdk.frameworks import HuggingFace
 
 __all__ = ["HuggingFace"]

@@ -1,4 +1,4 @@
-"""SageMaker's `sagemaker.pytorch` import path."""
+"""SageMaker's `sagemaker.pytorch.estimator` import path."""
 from trainyard.sdk.frameworks import PyTorch
 
 __all__ = ["PyTorch"]

@@ -1,0 +1,4 @@
+"""SageMaker's `sagemaker.huggingface.model` import path."""
+from trainyard.sdk.model import HuggingFaceModel
+
+__all__ = ["HuggingFaceModel"]

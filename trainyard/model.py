@@ -1,0 +1,4 @@
+"""SageMaker's `sagemaker.model` import path."""
+from trainyard.sdk.model import Model
+
+__all__ = ["Model"]
