@@ -221,7 +221,7 @@ def test_to_kubernetes_writes_the_yaml_and_the_code(tmp_path, capsys):
     text = (out / "pytorchjob.yaml").read_text()
     assert list(yaml.safe_load_all(text)) == objects
     code_uri = json.loads(objects[0]["data"]["spec.json"])["code_uri"]
-    assert code_uri.startswith("s3://my-bucket/out/trainyard-code/")
+    assert code_uri.startswith("s3://my-bucket/run-7/source/trainyard-code/")  # beside the job, as SageMaker stages it
     assert f"aws s3 cp sourcedir.tar.gz {code_uri}" in text
     assert (out / "sourcedir.tar.gz").stat().st_size > 0
     assert est.to_kubernetes(job_name="run-8")[-1]["metadata"]["name"] == "run-8"  # no path: nothing written

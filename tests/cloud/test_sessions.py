@@ -61,7 +61,7 @@ def test_every_call_of_a_job_goes_through_the_users_session(account, tmp_path, m
     names = [name for name, _ in rec.calls]
     assert sorted(made) == sorted(names)  # nothing went through another session
     assert {"CreateBucket", "PutObject", "RunInstances", "CreateLaunchTemplate"} <= set(names)
-    assert job.spec.code_uri.startswith("s3://sagemaker-us-west-2-123456789012/trainyard-code/")
+    assert job.spec.code_uri.startswith("s3://sagemaker-us-west-2-123456789012/west/source/trainyard-code/")
     assert len(rec.params("PutObject")) == 2  # the code and the job's spec
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

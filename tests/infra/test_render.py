@@ -182,7 +182,7 @@ def test_script_with_cluster_fsx_channel(tmp_path):
     assert "sourcedir.tar.gz" in names
     with open(os.path.join(path, "spec.json")) as fh:
         spec = JobSpec.from_json(fh.read())
-    assert spec.code_uri.startswith("s3://my-bucket/jobs/trainyard-code/") and spec.hyperparameters == hps
+    assert spec.code_uri.startswith("s3://my-bucket/fsx-job/source/trainyard-code/") and spec.hyperparameters == hps
     main = hcl.load(os.path.join(path, "main.tf"))
     local = _values(main["locals"][0])
     assert local["hyperparameters"] == hps and local["efa_interfaces"] == 4 and local["use_spot"] is True

@@ -90,3 +90,22 @@ def test_estimator_defaults_a_session_cuts_long_base_names_and_create_model_need
     assert len(name) <= 63 and name.startswith("a-very-long-base-job-name-from-a-notebook-c-"), name
     with pytest.raises(ValueError, match="no training job yet"):
         est.create_model()
+
+
+def test_code_goes_beside_the_job_and_never_into_a_data_prefix(tmp_path):
+    """SageMaker stages code at `<bucket>/<job>/source/`; a channel whose prefix would hold it is refused before
+    anything is written (it used to land in channels whose prefix held `output_path`)."""
+    from trainyard import Estimator
+    from trainyard.errors import ConfigError
+    from trainyard.sdk.estimator import code_prefix
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    est = Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local",
+                    output_path="s3://bkt/outputs/run")
+    spec = est._job_spec({"train": "s3://bkt/outputs/"}, "job-1")
+    assert code_prefix(spec, None) == "s3://bkt/job-1/source"
+    assert code_prefix(spec, "s3://code-bkt/x") == "s3://code-bkt/x/job-1/source"
+    for channel in ("s3://bkt/", "s3://bkt/jo"):
+        with pytest.raises(ConfigError, match=rf"code_location.*inside channel 'train' \({channel}\)"):
+            code_prefix(est._job_spec({"train": channel}, "job-1"), None)
+    assert code_prefix(est._job_spec({"train": "s3://bkt/"}, "job-1"), "s3://other/") == "s3://other/job-1/source"

@@ -122,8 +122,8 @@ def _code_objects() -> set[str]:
     from trainyard.sdk.store import ensure_store
 
     s3 = ensure_store().client()
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="trainyard-default", Prefix="trainyard-code/")
-    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="trainyard-default")
+    return {o["Key"] for page in pages for o in page.get("Contents", []) if "/trainyard-code/" in f"/{o['Key']}"}
 
 
 @pytest.fixture

@@ -338,7 +338,7 @@ class Estimator:
         archive = None
         if not (spec.entry_kind == "module" and self.source_dir is None):
             pkg = self._package()
-            spec = spec.evolve(code_uri=join(self.code_location or spec.output_path, pkg.key))
+            spec = spec.evolve(code_uri=join(code_prefix(spec, self.code_location), pkg.key))
             archive = pkg.data
         if region is None and self.boto_session is not None:
             region = self.boto_session.region_name
@@ -360,7 +360,7 @@ class Estimator:
         archive = None
         if not (spec.entry_kind == "module" and self.source_dir is None and not self.dependencies):
             pkg = self._package()
-            code_uri = join(self.code_location or spec.output_path, pkg.key)
+            code_uri = join(code_prefix(spec, self.code_location), pkg.key)
             spec, archive = spec.evolve(code_uri=code_uri), pkg.data
             k8s_check.check(spec)  # the code's location too
         objects = k8s_manifests.render(spec)
@@ -375,6 +375,8 @@ class Estimator:
         """The job's first writes, in every backend's launch: the lease on each checkpoint location (job/lease.py:
         another live job there refuses this one, before anything is uploaded), then the code, packaged and
         uploaded. `s3`: the backend's client (EC2: the user's session's). Returns the code's URI."""
+        ship = not (spec.entry_kind == "module" and self.source_dir is None and not self.dependencies)
+        prefix = code_prefix(spec, self.code_location) if ship else None  # refused before any write
         for location in lease.locations(spec):
             try:
                 lease.take(location, spec.job_name, alive=_local_job_alive, s3=s3,
@@ -383,9 +385,9 @@ class Estimator:
                 field = "checkpoint_s3_uri" if location == (spec.checkpoint_s3_uri or "").rstrip("/") else \
                     "hyperparameters.checkpoint_uri"
                 raise ConfigError(field, str(e)) from None
-        if spec.entry_kind == "module" and self.source_dir is None and not self.dependencies:
+        if not ship:
             return None  # an installed module: nothing to ship
-        return packaging.upload(self._package(), self.code_location or spec.output_path, s3=s3)
+        return packaging.upload(self._package(), prefix, s3=s3)
 
     @classmethod
     def attach(cls, training_job_name: str, sagemaker_session=None, model_channel_name: str = "model") -> "Estimator":
@@ -397,7 +399,7 @@ class Estimator:
         est.boto_session = getattr(sagemaker_session, "boto_session", None)
         est.dependencies, est.git_config, est._repo = (), None, None
         est.model_uri, est.model_channel_name = None, model_channel_name
-        est.sagemaker_session = sagemaker_session
+        est.sagemaker_session = sagemaker_session if sagemaker_session is not None else Session()
         est.framework_version = job.spec.framework.get("framework_version")
         est.py_version = job.spec.framework.get("py_version")
         est.inert_arguments = job.spec.inert
@@ -534,6 +536,21 @@ def _check_tensorboard_installed() -> None:
         raise ConfigError("tensorboard_output_config", "the engine writes TensorBoard event files with the tensorboard "
                                                        "package, which is not installed: pip install "
                                                        "'trainyard[tensorboard]'")
+
+
+def code_prefix(spec: JobSpec, code_location: str | None) -> str:
+    """Where the job's code goes, as SageMaker stages it: `<code_location>/<job>/source`, or without one
+    `s3://<output_path's bucket>/<job>/source`: beside the job's other objects, never inside a data prefix. Refused
+    when a channel's prefix would hold it all the same (a channel of the whole bucket, or of a key prefix of the
+    job's name): the job would see its own code archive among its data."""
+    bucket = spec.output_path[len("s3://"):].split("/", 1)[0]
+    prefix = join(code_location or f"s3://{bucket}", spec.job_name, "source")
+    for ch in spec.channels:
+        if ch.uri.startswith("s3://") and f"{prefix}/".startswith(ch.uri):
+            raise ConfigError("code_location", f"the code would be uploaded to {prefix}/, inside channel "
+                                               f"{ch.name!r} ({ch.uri}), where the job would read it as data; "
+                                               "give code_location=s3://... outside every channel")
+    return prefix
 
 
 def _default_base_name(entry: str) -> str:
