@@ -1,5 +1,6 @@
 """Instance types known to Trainyard and their hourly prices, from a catalog shipped with the SDK (no network
-call): `catalog/instance_types.json` and `catalog/prices.json`."""
+call): `catalog/instance_types.json` (every SageMaker training instance type, written by infra/instance_catalog.py
+from botocore's and moto's data files) and `catalog/prices.json`."""
 from __future__ import annotations
 
 import difflib
@@ -33,6 +34,8 @@ class InstanceType:
     processes_per_host: int
     """Default processes per host, as SageMaker's training toolkit launches them: one per GPU or
     NeuronCore, one on a CPU host (`local`)."""
+    network: str = ""
+    """EC2's network performance (`Up to 10 Gigabit`, `3200 Gigabit`)."""
 
     @property
     def num_gpus(self) -> int:
@@ -84,8 +87,8 @@ def lookup(instance_type: object) -> InstanceType:
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise ConfigError(
             "instance_type",
-            f"unknown instance type {instance_type!r}{hint}. Known: 'local' and the "
-            "p4d, p4de, p5, p5e, p5en, g5 and trn1 families (with or without the 'ml.' prefix)",
+            f"unknown instance type {instance_type!r}{hint}. Known: 'local', 'local_gpu' and every SageMaker "
+            "training instance type (with or without the 'ml.' prefix; `trainyard instance-types` lists them)",
         )
     return InstanceType(name=name, **row)
 

@@ -20,6 +20,7 @@ from trainyard.engine.quiet import quiet
 from trainyard.errors import ConfigError, ImageError
 from trainyard.sdk import image
 from trainyard.sdk.cli import jobs as cli_jobs
+from trainyard.sdk.cli import catalog as cli_catalog
 from trainyard.sdk.cli import plan as cli_plan
 from trainyard.sdk.cli import store as cli_store
 from trainyard.sdk.backends.terraform import render as terraform
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "stop", "stop a running job: every process of it ends",
              f"trainyard stop {EXAMPLE_JOB}").add_argument("job", metavar="JOB", help="the job's name")
     cli_plan.add_parser(sub, _command)
+    cli_catalog.add_parser(sub, _command)
     rm = _command(sub, "rm", "delete the folders of ended jobs",
                   f"trainyard rm {EXAMPLE_JOB}\ntrainyard rm --force {EXAMPLE_JOB}",
                   "Deletes $TRAINYARD_HOME/jobs/JOB (spec, status, logs, hosts' files); artifacts in object storage\n"
@@ -280,6 +282,8 @@ def _run(a) -> int:
         return cli_store.store_command(a)
     elif a.cmd == "plan":
         return cli_plan.show_plan(a)
+    elif a.cmd == "instance-types":
+        return cli_catalog.show(a.filter, a.json)
     elif a.cmd == "gc":
         session = new_session(a.region)
         check_session(session)

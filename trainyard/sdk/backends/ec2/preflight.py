@@ -28,6 +28,8 @@ QUOTA_CODES = {
     "p": ("L-417A185B", "L-7212CCBC"),    # Running On-Demand P instances / All P Spot Instance Requests
     "g": ("L-DB2E81BA", "L-3819A6DF"),    # Running On-Demand G and VT instances / All G and VT Spot
     "trn": ("L-2C3B7624", "L-6B0D517C"),  # Running On-Demand Trn instances / All Trn Spot
+    # Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances / All Standard Spot Instance Requests
+    **{family: ("L-1216C47A", "L-34B43A08") for family in ("c", "m", "r", "t")},
 }
 # Regions with most GPU capacity: asked (LocationType=region) only to suggest where an unoffered type runs
 _SUGGEST_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "ap-northeast-1")
