@@ -58,7 +58,7 @@ def test_trainium2_memory_is_the_documented_96_gib_not_the_ec2_datas():
 
 
 def test_instance_types_command_lists_a_family():
-    r = subprocess.run([sys.executable, "-m", "trainyard.sdk.cli", "instance-types", "g4dn"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "trainyard.sdk.cli", "catalog", "g4dn"], capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

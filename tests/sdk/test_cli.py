@@ -32,7 +32,7 @@ REGION_LINE = "no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION) or pass --r
 CREDENTIALS_LINE = ("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run "
                     "aws configure")
 COMMANDS = {"jobs", "describe", "logs", "metrics", "report", "stop", "rm", "prune", "store", "checkpoint", "gc",
-            "image", "render", "plan", "instance-types"}
+            "image", "render", "plan", "catalog"}
 
 
 @pytest.fixture

@@ -88,7 +88,7 @@ def lookup(instance_type: object) -> InstanceType:
         raise ConfigError(
             "instance_type",
             f"unknown instance type {instance_type!r}{hint}. Known: 'local', 'local_gpu' and every SageMaker "
-            "training instance type (with or without the 'ml.' prefix; `trainyard instance-types` lists them)",
+            "training instance type (with or without the 'ml.' prefix; `trainyard catalog` lists them)",
         )
     return InstanceType(name=name, **row)
 

@@ -282,7 +282,7 @@ def _run(a) -> int:
         return cli_store.store_command(a)
     elif a.cmd == "plan":
         return cli_plan.show_plan(a)
-    elif a.cmd == "instance-types":
+    elif a.cmd == "catalog":
         return cli_catalog.show(a.filter, a.json)
     elif a.cmd == "gc":
         session = new_session(a.region)

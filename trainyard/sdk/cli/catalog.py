@@ -1,4 +1,4 @@
-"""`trainyard instance-types [FILTER] [--json]`: the instance catalog (trainyard/job/catalog/), one row per type."""
+"""`trainyard catalog [FILTER] [--json]`: the instance catalog (trainyard/job/catalog/), one row per type."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ HEADERS = ["type", "accelerator", "count", "accel GiB", "vCPUs", "memory GiB", "
 
 
 def add_parser(sub, command) -> None:
-    p = command(sub, "instance-types", "list instance types: accelerators, memory, EFA, prices",
-                "trainyard instance-types\ntrainyard instance-types g6e\ntrainyard instance-types p5 --json",
+    p = command(sub, "catalog", "list instance types: accelerators, memory, EFA, prices",
+                "trainyard catalog\ntrainyard catalog g6e\ntrainyard catalog p5 --json",
                 "Every SageMaker training instance type: accelerator, memory, EFA, network and the On-Demand list\n"
                 "price in us-east-1 where the price table has one ('-' where it has none).")
     p.add_argument("filter", nargs="?", default="", help="only the types whose name contains this (a family: g6e)")
