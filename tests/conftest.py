@@ -29,6 +29,17 @@ def trainyard_home(tmp_path_factory):
             os.environ["TRAINYARD_HOME"] = saved
 
 
+@pytest.fixture(autouse=True)
+def _aws_environment_restored():
+    """`trainyard.Session()` exports the embedded store's endpoint and credentials into os.environ where no AWS is
+    configured (as a notebook wants it); each test gets back the AWS variables it started with."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    yield
+    for k in [k for k in os.environ if k.startswith("AWS_") and k not in saved]:
+        del os.environ[k]
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """A moto server on a free loopback port, separate from the SDK's embedded store."""

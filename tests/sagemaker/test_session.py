@@ -85,3 +85,44 @@ def test_session_uses_the_configured_endpoint(tmp_path, monkeypatch, s3_endpoint
     keys = {o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket=bucket)["Contents"]}
     assert {"sagemaker/DEMO-pytorch-mnist/a.csv", "sagemaker/DEMO-pytorch-mnist/sub/b.csv",
             "data/single.txt"} <= keys
+
+
+def _no_aws(tmp_path, monkeypatch):
+    for var in AWS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_a_notebooks_own_s3_calls_reach_the_store_when_no_aws_is_configured(tmp_path, monkeypatch):
+    """(issue 34) HF notebooks write to S3 themselves (`datasets.save_to_disk('s3://...')`, `boto3.client("s3")`):
+    after the Session's first S3 call, this process's plain boto3 and s3fs calls reach the embedded store."""
+    import boto3
+    import s3fs
+
+    import trainyard
+
+    _no_aws(tmp_path, monkeypatch)
+    bucket = trainyard.Session().default_bucket()
+    assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:") and os.environ["AWS_ACCESS_KEY_ID"]
+    boto3.client("s3").put_object(Bucket=bucket, Key="notebook/own.txt", Body=b"written by the notebook")
+    fs = s3fs.S3FileSystem()
+    assert fs.cat(f"{bucket}/notebook/own.txt") == b"written by the notebook"
+    assert trainyard.Session().read_s3_file(bucket, "notebook/own.txt") == "written by the notebook"
+
+
+def test_real_aws_credentials_are_never_redirected(tmp_path, monkeypatch):
+    import trainyard
+    from trainyard.sdk.session import export_store_env
+
+    _no_aws(tmp_path, monkeypatch)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAREALACCOUNT00000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "real-secret")
+    assert export_store_env() is False and "AWS_ENDPOINT_URL" not in os.environ
+    (tmp_path / "creds").write_text("[default]\naws_access_key_id = AKIAFROMFILE0000000\naws_secret_access_key = x\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "creds"))
+    trainyard.Session().default_bucket()  # the embedded store's own calls still work ...
+    assert "AWS_ENDPOINT_URL" not in os.environ  # ... and the notebook's S3 stays the real one

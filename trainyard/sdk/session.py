@@ -17,6 +17,7 @@ from trainyard.errors import ConfigError, known_keywords
 from trainyard.job.uris import join
 from trainyard.sdk.backends import open_job
 from trainyard.sdk.backends.local.backend import storage_env
+from trainyard.sdk import store
 from trainyard.sdk.store import DEFAULT_BUCKET, ensure_store
 
 LOCAL_ROLE = "arn:aws:iam::000000000000:role/trainyard-local"
@@ -80,7 +81,12 @@ class Session:
         return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
     def _env(self) -> dict[str, str]:
-        return ensure_store().env() if self.embedded else {}
+        if not self.embedded:
+            return {}
+        # the session's first S3 call (default_bucket(), upload_data(), ...): from then on the notebook's own s3://
+        # calls reach the same store, where no AWS is configured
+        export_store_env()
+        return ensure_store().env()
 
     def _s3(self):
         if self.embedded:
@@ -169,6 +175,41 @@ class Session:
         return join(base, prefix) if prefix else base
 
 
+# every variable that points boto3 (or s3fs, datasets) at an account or an endpoint
+_AWS_SET = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE")
+
+
+def aws_configured() -> bool:
+    """Whether this process would reach a real AWS account (or another endpoint) with its ordinary boto3 calls:
+    an endpoint or credentials in the environment, a profile or credentials file, or the instance's role (IMDS,
+    asked once with a short timeout: a notebook on SageMaker or EC2 has one)."""
+    if any(os.environ.get(v) for v in _AWS_SET):
+        return True
+    import botocore.session
+
+    session = botocore.session.get_session()
+    session.set_config_variable("metadata_service_timeout", 0.5)
+    session.set_config_variable("metadata_service_num_attempts", 1)
+    try:
+        return session.get_credentials() is not None
+    except Exception:  # noqa: BLE001 - a broken profile or file: someone configured AWS, so leave it alone
+        return True
+
+
+def export_store_env() -> bool:
+    """Where no AWS account or endpoint is configured, point this process's own boto3, s3fs and `datasets` calls at
+    the embedded store (its endpoint, region and this user's credentials into os.environ), so that a notebook's
+    `s3://` reads and writes reach the same store its jobs use, as `trainyard store creds` would by hand. Never where
+    real credentials are present: nobody's real S3 calls are redirected. Returns whether it exported (or had)."""
+    if store.exported():
+        return True
+    if aws_configured():
+        return False
+    store.export_env()
+    return True
+
+
 class JobsClient:
     """The part of boto3's SageMaker client that a training notebook calls about its jobs, answered by Trainyard's
     jobs (of this machine, or followed from it): `describe_training_job(TrainingJobName=...)` and
@@ -232,4 +273,4 @@ def default_output_path(session: Session | None, *, local: bool) -> str:
                                      "sagemaker_session=trainyard.Session(boto_session=...) for its default bucket)")
 
 
-__all__ = ["JobsClient", "LocalSession", "Session", "default_output_path", "get_execution_role"]
+__all__ = ["JobsClient", "LocalSession", "Session", "aws_configured", "export_store_env", "default_output_path", "get_execution_role"]

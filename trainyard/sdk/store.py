@@ -93,11 +93,47 @@ def _running_url(root: str) -> str | None:
     return url if healthy(url, creds=credentials(root)) else None
 
 
+# the embedded store's URL when this process exported it as AWS_ENDPOINT_URL for its own calls (export_env): that
+# is still the embedded store, not an endpoint someone configured
+_exported_url: str | None = None
+
+
+def export_env() -> None:
+    """The embedded store's endpoint, region and this user's credentials into this process's environment (for its
+    own boto3, s3fs and `datasets` calls; sdk/session.py decides when). Kept current if the store restarts."""
+    global _exported_url
+    endpoint = ensure_store()
+    if not endpoint.embedded:
+        return
+    for key, value in endpoint.env().items():
+        os.environ[key] = value
+    _exported_url = endpoint.url
+    boto3 = sys.modules.get("boto3")
+    if boto3 is not None:  # its default session keeps the credentials it resolved first: resolve them again
+        boto3.DEFAULT_SESSION = None
+
+
+def exported() -> bool:
+    """Whether this process's AWS_ENDPOINT_URL is the embedded store's, set by `export_env`."""
+    return _exported_url is not None and os.environ.get("AWS_ENDPOINT_URL") == _exported_url
+
+
 def ensure_store() -> Endpoint:
-    """The endpoint for local jobs: `AWS_ENDPOINT_URL` if set, else the embedded store (started if needed)."""
+    """The endpoint for local jobs: `AWS_ENDPOINT_URL` if set (and not the embedded store's, exported by
+    `export_env`), else the embedded store (started if needed)."""
+    global _exported_url
     configured = os.environ.get("AWS_ENDPOINT_URL")
-    if configured:
+    if configured and configured != _exported_url:
         return Endpoint(configured, embedded=False)
+    if configured:  # ours: follow the store if it restarted on another port
+        endpoint = _embedded()
+        if endpoint.url != configured:
+            os.environ["AWS_ENDPOINT_URL"] = _exported_url = endpoint.url
+        return endpoint
+    return _embedded()
+
+
+def _embedded() -> Endpoint:
     root = store_root()
     private_folder(trainyard_home())  # the owner's alone from the first use, not only from the first fit()
     private_folder(root)
