@@ -262,9 +262,10 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init, compile=compile)
     result.scaler = GradScaler(result.model.parameters, enabled=param_dtype == torch.float16, device=ctx.device)
+    # without a precomputed scale torchao computes each weight's at its all-gather (one all-reduce per weight);
+    # optimizer_step precomputes them all in one after each step. torchao keeps a precomputed scale until the
+    # next precompute: a loop steps with optimizer_step always or never (opt.step() alone is right too)
     result.float8_all_gather = fp8_all_gather
-    if fp8_all_gather:  # the first step's weight scales
-        float8.precompute_scales(result.model)
     object.__setattr__(result.model, _LAYOUT, result)
     return result.model
 

@@ -103,12 +103,6 @@ def describe(report: dict[str, list[str]], fp8_all_gather: bool) -> str:
             + (f"; left in bfloat16: {'; '.join(kept)}" if kept else ""))
 
 
-def is_float8(model: nn.Module) -> bool:
-    from torchao.float8.float8_linear import Float8Linear
-
-    return any(isinstance(m, Float8Linear) for m in model.modules())
-
-
 def precompute_scales(model: nn.Module) -> None:
     """After an optimizer step of a model whose weights are all-gathered in FP8: the next step's weight scales,
     for all Float8Linear layers in one all-reduce (a collective over the model's mesh)."""
