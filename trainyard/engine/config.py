@@ -29,7 +29,8 @@ class TrainConfig:
 
     model: str = "10m"
     """The built-in model's configuration (a key of MODEL_CONFIGS: tiny, 6l, 10m, and the published shapes
-    llama3.2-1b, llama3-8b, llama3-70b), or `hf`: the Hugging Face causal LM in channel `model_channel`."""
+    llama3.2-1b, llama3-8b, llama3-70b, and llama3-8b-4l: 8B's layer and vocabulary, 4 layers), or `hf`: the Hugging
+    Face causal LM in channel `model_channel`."""
     model_channel: str = "model"
     """With model hf: the input channel holding config.json, optional safetensors weights and tokenizer.json."""
     steps: int = 20
