@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to 2.13.0, the local CPU wheel; any other spec pulls several GB of CUDA packages
 	$(PY) -m pip install --quiet 'torch==2.13.0'
-	$(PY) -m pip install --quiet -e '.[dev,hf,kernels,report,tensorboard,kubernetes]'
+	$(PY) -m pip install --quiet -e '.[dev,hf,kernels,fp8,report,tensorboard,kubernetes]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -35,7 +35,7 @@ def test_sagemaker_style_values():
     (["--save_model", "maybe"], "save_model"),
     (["--model", "huge"], "model"),
     (["--steps", "0"], "steps"),
-    (["--dtype", "float16"], "dtype"),
+    (["--dtype", "float64"], "dtype"),
     (["--model", "tiny", "--seq_len", "4096"], "seq_len"),
 ])
 def test_invalid_hyperparameters_are_named(argv, match):

@@ -5,7 +5,7 @@ The public names live in `api.py` (and `equivalence.py`); they are resolved on f
 parts of the engine (the parallelism and layout checks the SDK runs) import without loading torch.
 """
 __all__ = ["Context", "init", "current", "finish", "transform", "rows", "accumulate", "wait_for_checkpoints", "forward_backward", "global_loss",
-           "evaluate", "predict", "clip_grad_norm_", "mark_step", "log_metrics",
+           "evaluate", "predict", "clip_grad_norm_", "optimizer_step", "scaler", "mark_step", "log_metrics",
            "save_checkpoint", "load_checkpoint", "save_model", "load_pretrained", "full_state_dict",
            "check_equivalence", "Parallelism", "lm_loss", "LMHidden"]
 

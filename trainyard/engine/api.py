@@ -44,6 +44,7 @@ from trainyard.engine.components.contract import (checkpoint_uri_from_contract, 
                                                  tensorboard_dir_from_contract)
 from trainyard.engine.components.metrics_log import MetricsLog
 from trainyard.engine.components.profiler import StepProfiler
+from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.components.tensorboard import require_tensorboard
 from trainyard.engine.components.data import rank_rows
 from trainyard.parallel.dims import ParallelDims
@@ -54,13 +55,18 @@ from trainyard.engine.distributed.parallelize import (Parallelized, check_tp_gra
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
+from trainyard.engine.models import float8
 from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, swap_kernels
 from trainyard.engine.quiet import quiet
 from trainyard.engine.models.hf import weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
 
 _LAYOUT = "_trainyard_layout"  # the attribute of a transformed model that holds its Parallelized
-_PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": None, "float32": None, None: None}
+# mixed_precision -> the compute dtype of MiCS's gathered parameters (None: fp32, not cast); float16 adds the loss
+# scaler, float8 converts the Linear layers to torchao's Float8Linear and computes the rest in bf16
+_PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+               "fp8": torch.bfloat16, "float8": torch.bfloat16, "fp32": None, "float32": None, None: None}
+_FLOAT8 = ("fp8", "float8")
 
 
 @dataclass(kw_only=True)
@@ -205,20 +211,32 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     "auto"/True; default off) swaps norms, MLPs, rotary embeddings and, without TP or PP, the loss for
     trainyard.kernels ops (models/fused.py); the model then returns `LMHidden`: take its loss with
     `te.lm_loss(output, targets)` (or read `output.logits`). `compile=True` runs each block's forward through
-    torch.compile (the first step then takes longer: the compilation)."""
+    torch.compile (the first step then takes longer: the compilation).
+
+    `mixed_precision`: "bf16" (bf16 compute, fp32 master weights and gradient reduction), "fp16" (the same in
+    float16, with dynamic loss scaling: `scaler(model)`), "float8" (torchao's FP8 Linear layers, the rest bf16;
+    an NVIDIA GPU of compute capability >= 8.9), "fp32", or a torch dtype; default: the distribution's."""
     backend = backend_of(kernels)
     ctx = current()
     par = ctx.parallelism if distribution is None else _parallelism(distribution)
-    dims = ctx.dims if distribution is None else par.dims(world_size=ctx.world_size,
-                                                          processes_per_host=ctx.processes_per_host)
-    dims.build_mesh(ctx.device.type)
     precision = mixed_precision if mixed_precision is not None else par.mixed_precision
     if isinstance(precision, torch.dtype):
         param_dtype = None if precision == torch.float32 else precision
-    elif precision in _PRECISIONS:
+    elif precision is None or (isinstance(precision, str) and precision in _PRECISIONS):
         param_dtype = _PRECISIONS[precision]
     else:
-        raise ValueError(f"mixed_precision must be 'bf16', 'fp32' or a torch dtype, got {precision!r}")
+        raise ValueError(f"mixed_precision must be 'bf16', 'fp16', 'float8', 'fp32' or a torch dtype, got "
+                         f"{precision!r}")
+    fp8 = precision in _FLOAT8
+    if fp8:  # before any work on the model: the GPU and torchao
+        float8.require_float8(ctx.device, "mixed_precision")
+    if param_dtype == torch.float16 and par.replica_compression is not None:
+        raise ValueError(f"mixed_precision float16 with mics.replica_compression {par.replica_compression!r}: a "
+                         "step whose gradients overflow would leave inf in the compression's error-feedback residual "
+                         "and spoil every later step; set replica_compression to null, or use bf16")
+    dims = ctx.dims if distribution is None else par.dims(world_size=ctx.world_size,
+                                                          processes_per_host=ctx.processes_per_host)
+    dims.build_mesh(ctx.device.type)
     mics = MiCSConfig(param_dtype=param_dtype, reduce_dtype=torch.float32,
                       hierarchical=par.hierarchical_allgather, reshard_after_forward=par.reshard_after_forward,
                       replica_sync=par.replica_sync, replica_bucket_mb=par.replica_bucket_mb,
@@ -233,11 +251,47 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
         swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1)
         if ctx.is_main:
             print(f"kernels ({backend}): {swapped}", flush=True)
+    # FP8 weights all-gathered by MiCS when it shards over several ranks (torchao's FSDP2 extension); not with CPU
+    # offload, whose shards live in host memory
+    fp8_all_gather = fp8 and dims.dp_shard > 1 and not par.cpu_offload
+    if fp8:  # after the kernels' probes (which run modules on the CPU), before TP and MiCS
+        report = float8.convert(model, tp=dims.tp, fp8_all_gather=fp8_all_gather)
+        if ctx.is_main:
+            print(float8.describe(report, fp8_all_gather), flush=True)
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init, compile=compile)
+    result.scaler = GradScaler(result.model.parameters, enabled=param_dtype == torch.float16, device=ctx.device)
+    # without a precomputed scale torchao computes each weight's at its all-gather (one all-reduce per weight);
+    # optimizer_step precomputes them all in one after each step. torchao keeps a precomputed scale until the
+    # next precompute: a loop steps with optimizer_step always or never (opt.step() alone is right too)
+    result.float8_all_gather = fp8_all_gather
     object.__setattr__(result.model, _LAYOUT, result)
     return result.model
+
+
+def scaler(model: nn.Module) -> GradScaler:
+    """The loss scaler of a transformed model: under mixed_precision "fp16", dynamic loss scaling over its sharded
+    gradients (`scaler(model).scale(loss).backward()` in an `accumulate` loop; `forward_backward` scales by
+    itself; `clip_grad_norm_` unscales; `optimizer_step` skips a step whose gradients hold inf/nan on any rank);
+    for every other precision a pass-through (`scale(loss)` is `loss`), so one loop serves all. Saved with the
+    model's checkpoints."""
+    return _layout(model).scaler
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """`optimizer.step()` for a transformed model, whatever its precision; returns whether it stepped (a
+    collective under fp16 and float8). fp16: the gradients are unscaled (if `clip_grad_norm_` did not already)
+    and, when any gradient shard of any rank is inf or nan, the step is skipped (False) and the loss scale halved;
+    after 2,000 clean steps in a row it doubles. float8 with FP8 all-gather: the weights' scales for the next
+    forward are computed after the step (one all-reduce)."""
+    par = _layout(model)
+    heartbeat.set_phase("optimizer")
+    stepped = par.scaler.step(optimizer)
+    par.scaler.update()
+    if stepped and par.float8_all_gather:
+        float8.precompute_scales(model)
+    return stepped
 
 
 def rows(model: nn.Module, global_batch: torch.Tensor) -> torch.Tensor:
@@ -327,10 +381,12 @@ def predict(model: nn.Module, inputs: torch.Tensor, *, microbatches: int | None 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> float:
     """Clip the gradients of the whole model to `max_norm` (2-norm over every shard and stage); returns the
-    norm before clipping."""
+    norm before clipping. Under fp16 the gradients are unscaled first (the norm and the clipping are those of the
+    true gradients; inf or nan when the step will be skipped)."""
     par = _layout(model)
     check_tp_gradients(par)
     heartbeat.set_phase("optimizer")
+    par.scaler.unscale_()  # a no-op but under fp16; once per step
     return clip_grad_norm(model, par.dims, max_norm)
 
 
@@ -382,16 +438,23 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
     """Save step `step` (a collective): model, optimizer, `scheduler` and `extra` (numbers or tensors), to
     `uri` (default: the job's checkpoint location). Asynchronous unless `blocking`: the call returns once the
     state is staged in host memory (the seconds it blocked), at most one save in flight; committed by
-    `.metadata`, verified on load, older steps purged beyond `keep_last`. A job without a checkpoint location
+    `.metadata`, verified on load, older steps purged beyond `keep_last`; a float16 model's loss scaler is saved
+    with it. A job without a checkpoint location
     (no `checkpoint_s3_uri`) and no `uri`: nothing is saved, said once; the same script runs with and without."""
-    _layout(model)
+    par = _layout(model)
     uri = _uri(uri)
     ctx = current()
     if not uri:
         _no_location("save_checkpoint", ctx)
         return 0.0
     heartbeat.set_phase("checkpoint")
-    return _checkpoints(ctx, uri, keep_last).save(step, model, optimizer, scheduler, extra=extra, blocking=blocking)
+    return _checkpoints(ctx, uri, keep_last).save(step, model, optimizer, scheduler, extra=extra,
+                                                  scaler=_saved_scaler(par), blocking=blocking)
+
+
+def _saved_scaler(par: Parallelized) -> GradScaler | None:
+    """The loss scaler a checkpoint holds: a float16 model's (its scale and growth tracker), else none."""
+    return par.scaler if par.scaler is not None and par.scaler.enabled else None
 
 
 def _checkpoints(ctx: Context, uri: str, keep_last: int | None = None) -> ckpt.CheckpointManager:
@@ -410,8 +473,9 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
                     extra: dict | None = None, scheduler=None) -> int:
     """Load the newest verified committed step under `uri` (default: the job's checkpoint location) into this
     layout, resharding as needed (a collective); returns the step, 0 when there is none, or when the job has no
-    checkpoint location and no `uri` is given. `extra` is filled in place with the values saved under its keys."""
-    _layout(model)
+    checkpoint location and no `uri` is given. `extra` is filled in place with the values saved under its keys; a
+    float16 model's loss scaler gets its saved scale back."""
+    par = _layout(model)
     uri = _uri(uri)
     ctx = current()
     if not uri:
@@ -419,7 +483,7 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None = 
         return 0
     heartbeat.set_phase("checkpoint")
     wait_for_checkpoints()
-    step = _checkpoints(ctx, uri).resume(model, optimizer, scheduler, extra=extra,
+    step = _checkpoints(ctx, uri).resume(model, optimizer, scheduler, extra=extra, scaler=_saved_scaler(par),
                                          warn=lambda m: print(m, flush=True) if ctx.is_main else None)
     return step or 0
 

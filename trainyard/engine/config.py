@@ -20,7 +20,7 @@ from trainyard.errors import did_you_mean
 
 KERNEL_MODES = ("off", "eager", "eager-chunked", "triton", "auto")  # what models/fused.py's MODES take
 
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float8")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,7 +29,8 @@ class TrainConfig:
 
     model: str = "10m"
     """The built-in model's configuration (a key of MODEL_CONFIGS: tiny, 6l, 10m, and the published shapes
-    llama3.2-1b, llama3-8b, llama3-70b), or `hf`: the Hugging Face causal LM in channel `model_channel`."""
+    llama3.2-1b, llama3-8b, llama3-70b, and llama3-8b-4l: 8B's layer and vocabulary, 4 layers), or `hf`: the Hugging
+    Face causal LM in channel `model_channel`."""
     model_channel: str = "model"
     """With model hf: the input channel holding config.json, optional safetensors weights and tokenizer.json."""
     steps: int = 20
@@ -56,8 +57,10 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0: no clipping; the norm is still reported)."""
     dtype: str = "auto"
-    """Compute dtype: float32, bfloat16 (bf16 compute, fp32 master weights and gradient reduction),
-    or auto (bfloat16 on CUDA, float32 on CPU)."""
+    """Compute dtype: float32, bfloat16 (bf16 compute, fp32 master weights and gradient reduction), float16
+    (the same in fp16, with dynamic loss scaling: a step whose gradients overflow is skipped), float8 (torchao's
+    FP8 Linear layers, the rest bfloat16; NVIDIA GPUs of compute capability 8.9 or newer), or auto (bfloat16 on
+    CUDA, float32 on CPU)."""
     checkpoint_uri: str = ""
     """Checkpoint location (s3://bucket/prefix or a path); overrides checkpointconfig.json's S3Uri."""
     checkpoint_every: int = 0

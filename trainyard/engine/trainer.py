@@ -32,6 +32,7 @@ from trainyard.engine.components.optim import build_optimizer, build_scheduler
 from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.models import float8
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
 
 
@@ -55,6 +56,11 @@ def build_hf(channel: str) -> tuple[nn.Module, str]:
         return AutoModelForCausalLM.from_config(config), folder
 
 
+def _number(x: float) -> str:
+    """A loss scale (a power of two) in full when it is a whole number."""
+    return f"{x:.0f}" if x >= 1 and float(x).is_integer() else f"{x:g}"
+
+
 def _has_weights(folder: str) -> bool:
     return any(os.path.exists(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
@@ -66,6 +72,8 @@ class Trainer:
         par = self.ctx.parallelism
         self.accum = cfg.accumulation(par.data_parallel_degree(self.ctx.world_size))
         torch.manual_seed(cfg.seed)
+        if cfg.dtype == "float8":  # before any model work: an FP8-capable GPU and torchao
+            float8.require_float8(self.ctx.device, "dtype")
         self.dtype = self._compute_dtype()
         hf_dir = None
         if cfg.model == "hf":
@@ -76,9 +84,11 @@ class Trainer:
         self.params = count_parameters(model)
         shape = flops.shape_of(model)  # before transform: the whole model's shapes
         self.flops_per_token = shape.flops_per_token(cfg.seq_len) if shape else 6.0 * self.params
-        self.model = api.transform(model, mixed_precision=None if self.dtype == torch.float32 else self.dtype,
-                                   seed=cfg.seed, kernels=cfg.kernels, compile=cfg.compile)
+        precision = "float8" if cfg.dtype == "float8" else None if self.dtype == torch.float32 else self.dtype
+        self.model = api.transform(model, mixed_precision=precision, seed=cfg.seed, kernels=cfg.kernels,
+                                   compile=cfg.compile)
         self.layout = api._layout(self.model)
+        self.scaler = api.scaler(self.model)  # float16: dynamic loss scaling; otherwise a pass-through
         if hf_dir and _has_weights(hf_dir):
             report = api.load_pretrained(self.model, hf_dir)
             self.log(f"weights from {hf_dir}: {report['tensors']} tensors")
@@ -95,7 +105,7 @@ class Trainer:
         self.peak_tflops, peak_source = flops.peak(self.ctx.device, self.dtype)  # a collective where measured
         self.fingerprint = {**fingerprint(self.ctx.device, world_size=self.ctx.world_size,
                                           processes_per_host=self.ctx.processes_per_host),
-                            "dtype": str(self.dtype).removeprefix("torch."), "peak_tflops_per_device": self.peak_tflops,
+                            "dtype": self.dtype_name, "peak_tflops_per_device": self.peak_tflops,
                             "peak_source": peak_source, "model_flops_per_token": self.flops_per_token,
                             "flops_formula": "6 N + 12 L H Q T" if shape else "6 N (layers and heads unknown)"}
         self.log(self.describe())
@@ -107,9 +117,17 @@ class Trainer:
             print(message, flush=True)
 
     def _compute_dtype(self) -> torch.dtype:
+        """The dtype of the computation outside FP8 matmuls (and of the peak MFU is measured against: float8's
+        MFU is against the bf16 peak, as torchtitan reports it)."""
         if self.cfg.dtype == "auto":
             return torch.bfloat16 if self.ctx.device.type == "cuda" else torch.float32
+        if self.cfg.dtype == "float8":
+            return torch.bfloat16
         return getattr(torch, self.cfg.dtype)
+
+    @property
+    def dtype_name(self) -> str:
+        return "float8" if self.cfg.dtype == "float8" else str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         cfg, dims, par = self.cfg, self.layout.dims, self.ctx.parallelism
@@ -118,7 +136,7 @@ class Trainer:
         mics = MiCSConfig(hierarchical=par.hierarchical_allgather)
         hier = f", hierarchical over {dims.shard_hosts} hosts" if uses_hierarchy(dims, mics) else ""
         return (f"model {cfg.model} ({self.params / 1e6:.2f}M parameters), world {self.ctx.world_size} on "
-                f"{self.ctx.device.type}/{self.ctx.backend}, dtype {str(self.dtype).removeprefix('torch.')}, "
+                f"{self.ctx.device.type}/{self.ctx.backend}, dtype {self.dtype_name}, "
                 f"{self.accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; {layout}"
                 f"partition groups of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing "
                 f"{par.activation_checkpointing}{hier}")
@@ -137,7 +155,9 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """One optimizer step; returns its metrics (loss, lr, grad_norm, the wait for its data and this rank's
-        model-state bytes)."""
+        model-state bytes; under float16 the step's loss_scale and whether it was skipped). A skipped step (inf/nan
+        gradients on some rank) leaves weights, optimizer and LR schedule as they were: the schedule follows the
+        updates applied, as Megatron-LM's does."""
         t0 = time.perf_counter()
         api.mark_step(step)
         heartbeat.set_phase("data")
@@ -147,12 +167,14 @@ class Trainer:
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
         norm = api.clip_grad_norm_(self.model, max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
-        heartbeat.set_phase("optimizer")
-        self.optimizer.step()
-        self.scheduler.step()
+        scale = self.scaler.get_scale()
+        stepped = api.optimizer_step(self.model, self.optimizer)  # fp16: skipped when a gradient is inf/nan
+        if stepped:
+            self.scheduler.step()
         memory = model_state_bytes(self.model, self.optimizer)  # with the gradients still held: the peak
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss, "lr": float(lr), "grad_norm": norm, "data_wait_s": data_wait, **memory}
+        scaling = {"loss_scale": scale, "skipped": not stepped} if self.scaler.enabled else {}
+        return {"loss": loss, "lr": float(lr), "grad_norm": norm, "data_wait_s": data_wait, **scaling, **memory}
 
     def checkpoint(self, step: int, *, blocking: bool) -> float:
         """Save step `step`; returns the seconds the loop was held."""
@@ -191,9 +213,14 @@ class Trainer:
                 elapsed = time.perf_counter() - t0
                 tokens_per_s = tokens_per_step / elapsed
                 tflops = self.flops_per_token * tokens_per_s / self.ctx.world_size / 1e12
-                if step % cfg.log_every == 0 or step == cfg.steps:
+                if record.get("skipped"):  # always said: the step changed nothing but the loss scale
+                    self.log(f"step {step}/{cfg.steps} skipped: inf/nan gradients at loss scale "
+                             f"{_number(record['loss_scale'])}, now {_number(self.scaler.get_scale())} (loss "
+                             f"{record['loss']:.4f})")
+                elif step % cfg.log_every == 0 or step == cfg.steps:
+                    scale = f" scale {_number(record['loss_scale'])}" if "loss_scale" in record else ""
                     self.log(f"step {step}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.1e} grad_norm "
-                             f"{record['grad_norm']:.3f} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
+                             f"{record['grad_norm']:.3f}{scale} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
                 blocked = 0.0
                 if self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
                     blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async)

@@ -69,6 +69,13 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
                                max_seq_len=8192, rope_theta=500000.0),
     "llama3-8b": ModelConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
                              max_seq_len=8192, rope_theta=500000.0),
+    # An 8B-shaped slice for one GPU: Llama 3 8B's layer (hidden 4096, 32/8 heads, SwiGLU 14,336) and its full
+    # 128,256-token vocabulary, but 4 of its 32 layers: 1.92B parameters (1.05B of them the embedding and head),
+    # 31 GB of fp32 weights, gradients and AdamW states, so a micro-batch of 4 x 2,048 tokens fits an 80 GB H100.
+    # The per-layer matmul shapes are 8B's (what bench/mfu.py's bf16 / fp8 / fp16 rows measure); the vocabulary
+    # weighs more than in the whole model (55% of the parameters instead of 13%).
+    "llama3-8b-4l": ModelConfig(vocab_size=128256, dim=4096, n_layers=4, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
+                                max_seq_len=8192, rope_theta=500000.0),
     "llama3-70b": ModelConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
                               max_seq_len=8192, rope_theta=500000.0),
 }

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from trainyard.engine.components import heartbeat
+from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.distributed.ac import apply_ac
 from trainyard.parallel.dims import ParallelDims
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
@@ -61,6 +62,11 @@ class Parallelized:
     tp_checked: bool = False
     """Whether the first backward's gradients were checked across the tensor-parallel group
     (`check_tp_gradients`)."""
+    scaler: GradScaler | None = None
+    """The loss scaler (enabled under float16; `forward_backward` scales the losses it backpropagates)."""
+    float8_all_gather: bool = False
+    """Whether MiCS all-gathers FP8 weights (torchao): their scales are computed after each optimizer step."""
+    _scaled_losses: dict = field(default_factory=dict)
 
     @property
     def holds_first(self) -> bool:
@@ -69,6 +75,16 @@ class Parallelized:
     @property
     def holds_last(self) -> bool:
         return self.num_stages - 1 in self.stages
+
+    def scaled(self, loss_fn: Callable) -> Callable:
+        """`loss_fn` times the current loss scale (for the pipeline schedule, which runs the backward itself);
+        `loss_fn` itself without an enabled scaler. One wrapper per loss function, so its schedule is built once."""
+        if self.scaler is None or not self.scaler.enabled:
+            return loss_fn
+        if loss_fn not in self._scaled_losses:
+            scaler = self.scaler
+            self._scaled_losses[loss_fn] = lambda output, target: scaler.scale(loss_fn(output, target))
+        return self._scaled_losses[loss_fn]
 
     def schedule(self, microbatches: int, loss_fn: Callable):
         """The pipeline schedule for `microbatches` micro-batches and `loss_fn` (built once per pair)."""
@@ -232,17 +248,19 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Forward and backward of this rank's `inputs`/`targets` in `microbatches` chunks along the batch, gradients
     left reduced over the data-parallel ranks. Returns this rank's mean loss if it computes the loss (the last
-    pipeline stage), else zero, as a detached tensor."""
+    pipeline stage), else zero, as a detached tensor. Under float16 the losses backpropagated are scaled by
+    the model's loss scaler (`par.scaler`); the loss returned is not."""
     total = torch.zeros((), device=inputs.device)
+    scale = par.scaler.get_scale() if par.scaler is not None else 1.0
     with par.spec.loss_context(par.dims.tp):
         if par.dims.pp > 1:
             heartbeat.set_phase("pipeline")
             losses: list[torch.Tensor] = []
             args = (inputs,) if par.holds_first else ()
-            par.schedule(microbatches, loss_fn).step(*args, target=targets if par.holds_last else None,
-                                                     losses=losses if par.holds_last else None)
-            for loss in losses:
-                total += plain(loss).detach() / microbatches
+            par.schedule(microbatches, par.scaled(loss_fn)).step(*args, target=targets if par.holds_last else None,
+                                                                 losses=losses if par.holds_last else None)
+            for loss in losses:  # the scaled losses the schedule backpropagated
+                total += plain(loss).detach().float() / scale / microbatches
             return total
         model = par.parts[0]
         for i, (x, y) in enumerate(zip(inputs.chunk(microbatches), targets.chunk(microbatches))):
@@ -252,7 +270,7 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
             heartbeat.set_phase("forward")
             loss = loss_fn(model(x), y) / microbatches
             heartbeat.set_phase("backward")
-            loss.backward()
+            (par.scaler.scale(loss) if par.scaler is not None else loss).backward()
             total += plain(loss).detach()
         for sync in par.syncs:
             if sync is not None:

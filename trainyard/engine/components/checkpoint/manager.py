@@ -17,16 +17,16 @@ from torch.distributed.checkpoint.api import CheckpointException
 from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
 from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, committed_steps, is_remote, purge,
                                                               step_uri, storage_options)
-from trainyard.engine.components.checkpoint.state import state_of, write_model_config
+from trainyard.engine.components.checkpoint.state import SCALER_KEY, holds, state_of, write_model_config
 
 
 def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, keep_last: int = DEFAULT_KEEP_LAST,
-                    extra: dict | None = None) -> str:
+                    extra: dict | None = None, scaler=None) -> str:
     """Save synchronously to `<uri>/step-N` (a collective: every rank calls it); then rank 0 purges
-    old steps. Returns the step's URI."""
+    old steps. Returns the step's URI. `scaler`: a float16 run's loss scaler (a Stateful), saved beside."""
     target = step_uri(uri, step)
-    state = state_of(model, optimizer, scheduler, step, extra)
+    state = state_of(model, optimizer, scheduler, step, extra, scaler)
     # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
     writer = VerifiedWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
     write_model_config(target, model)
@@ -53,11 +53,12 @@ class AsyncSaver:
         self.failed: list[int] = []
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> float:
+             scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None,
+             scaler=None) -> float:
         """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
         start = time.perf_counter()
         self.wait()
-        state = state_of(model, optimizer, scheduler, step, extra)
+        state = state_of(model, optimizer, scheduler, step, extra, scaler)
         writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
                                 **storage_options(self.uri))
         try:  # only rank 0 writes it: a failure here must not keep it out of the collective save
@@ -105,14 +106,21 @@ class AsyncSaver:
 
 
 def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None) -> int:
-    """Load step `step` from `uri` into model, optimizer, scheduler and `extra` (filled in place; a
-    collective). Returns the step."""
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None,
+                    scaler=None, warn=print) -> int:
+    """Load step `step` from `uri` into model, optimizer, scheduler, `extra` (filled in place) and `scaler` (a
+    collective). Returns the step. A step saved without a loss scaler (by a bfloat16 or float32 run) leaves
+    `scaler` as it is, said by `warn` on rank 0."""
     target = step_uri(uri, step)
-    state = state_of(model, optimizer, scheduler, 0, extra)
+    state = state_of(model, optimizer, scheduler, 0, extra, scaler)
     trainer = state["trainer"]
     reader = SafeReader(target, verify=True, **storage_options(uri))
-    reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
+    metadata = reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
+    if scaler is not None and not holds(metadata, SCALER_KEY):
+        del state[SCALER_KEY]
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            warn(f"checkpoint step {step} at {uri} holds no loss-scaler state (saved by a run without float16): "
+                 f"the loss scaling starts afresh ({scaler!r})")
     dcp.load(state, storage_reader=reader)
     if trainer.step != step:
         raise ValueError(f"checkpoint {target} holds step {trainer.step}, expected {step}")
@@ -120,7 +128,8 @@ def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
 
 
 def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-           scheduler: torch.optim.lr_scheduler.LRScheduler | None, warn=print, *, extra: dict | None = None) -> int | None:
+           scheduler: torch.optim.lr_scheduler.LRScheduler | None, warn=print, *, extra: dict | None = None,
+           scaler=None) -> int | None:
     """Load the newest committed step under `uri` that verifies (a collective); None when there is none.
 
     Each data file is checked against its manifest as it is read, so damage anywhere fails the load on
@@ -131,7 +140,7 @@ def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
     problems = []
     for step in committed_steps(uri):
         try:
-            return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra)
+            return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra, scaler=scaler, warn=warn)
         except (CheckpointDamaged, CheckpointException) as e:
             problem = damage(e)
             problems.append(f"step {step}: {problem}")
@@ -189,26 +198,27 @@ class CheckpointManager:
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
-             blocking: bool = False) -> float:
+             scaler=None, blocking: bool = False) -> float:
         """Save step `step` (a collective); returns the seconds the caller was blocked."""
         if blocking:
             t0 = time.perf_counter()
             self.wait()
-            save_checkpoint(self.uri, step, model, optimizer, scheduler, keep_last=self.keep_last, extra=extra)
+            save_checkpoint(self.uri, step, model, optimizer, scheduler, keep_last=self.keep_last, extra=extra,
+                            scaler=scaler)
             return time.perf_counter() - t0
         if self._saver is None:
             self._saver = AsyncSaver(self.uri, keep_last=self.keep_last, say=self.say)
         self._saver.keep_last = self.keep_last  # the save's own keep_last, as a blocking save has it
-        return self._saver.save(step, model, optimizer, scheduler, extra=extra)
+        return self._saver.save(step, model, optimizer, scheduler, extra=extra, scaler=scaler)
 
     def wait(self) -> bool:
         return True if self._saver is None else self._saver.wait()
 
     def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
-               warn=print) -> int | None:
+               scaler=None, warn=print) -> int | None:
         self.wait()
-        return resume(self.uri, model, optimizer, scheduler, warn, extra=extra)
+        return resume(self.uri, model, optimizer, scheduler, warn, extra=extra, scaler=scaler)
 
     def newest_verified(self, warn=print) -> int | None:
         self.wait()

@@ -1,7 +1,8 @@
 """What a checkpoint holds, as tensors only (nothing pickled): model and optimizer through DCP's state-dict API
 ("app": sharded as DTensors, so a load reshards; the optimizer's settings packed as float64 tensors), the step
-and the LR scheduler's numbers ("trainer"), and a user's extra numbers ("extra"); and the model's shape beside
-it (`model.json`, for `trainyard checkpoint export`)."""
+and the LR scheduler's numbers ("trainer"), a user's extra numbers ("extra"), and a float16 run's loss scaler
+("scaler": any Stateful whose state is tensors, components/scaler.py); and the model's shape beside it
+(`model.json`, for `trainyard checkpoint export`)."""
 from __future__ import annotations
 
 import json
@@ -153,11 +154,22 @@ class ExtraState(Stateful):
             self.values[key] = loaded if isinstance(template, torch.Tensor) else type(template)(loaded.item())
 
 
-def state_of(model, optimizer, scheduler, step: int, extra: dict | None) -> dict[str, Stateful]:
+def state_of(model, optimizer, scheduler, step: int, extra: dict | None,
+             scaler: Stateful | None = None) -> dict[str, Stateful]:
     state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
     if extra:
         state["extra"] = ExtraState(extra)
+    if scaler is not None:
+        state["scaler"] = scaler
     return state
+
+
+SCALER_KEY = "scaler"
+
+
+def holds(metadata, key: str) -> bool:
+    """Whether a step's DCP metadata holds entries under the top-level `key` (DCP flattens to `key.name`)."""
+    return any(k == key or k.startswith(f"{key}.") for k in metadata.state_dict_metadata)
 
 
 def write_model_config(target: str, model: nn.Module) -> None:
