@@ -109,7 +109,7 @@ class CommMeter:
 
     def _name_dimension(self, ranks: tuple[int, ...]) -> str:
         coords = [self.dims.coords(r) for r in ranks]
-        varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
+        varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp", "tp")
                    if len({c[d] for c in coords}) > 1]
         named = {"dp_shard" if d.startswith("dp_shard") else d for d in varying}
         if len(named) == 1:
