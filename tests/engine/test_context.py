@@ -172,3 +172,114 @@ def test_ring_attention_is_not_full_attention():
         *(shard_sequence(t, 2, r) for t in (q, k, v)), ring)))
     full = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
     assert not torch.allclose(got, full, atol=1e-3)
+
+
+# --- refusals before anything is built -------------------------------------------------------------------------
+
+def _parallelize(model, **dims_kw):
+    import torch
+
+    from trainyard.engine.distributed.parallelize import parallelize
+    from trainyard.engine.models.registry import resolve_spec
+
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, **dims_kw)
+    return parallelize(model, resolve_spec(model), dims, device=torch.device("cpu"))
+
+
+def test_a_model_whose_attention_cannot_be_split_is_refused_by_name():
+    import torch
+    from torch import nn
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with pytest.raises(ValueError, match=r"context_parallel_degree 2: the engine cannot split the attention of "
+                                         r"Sequential over the sequence"):
+        _parallelize(nn.Sequential(nn.Linear(4, 4)), cp=2, world_size=2, processes_per_host=2)
+    with torch.device("meta"):
+        hf = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match=r"context_parallel_degree 2: .*LlamaForCausalLM.*set context_parallel_degree "
+                                         r"to 1"):
+        _parallelize(hf, cp=2, world_size=2, processes_per_host=2)
+
+
+def test_cp_with_a_pipeline_is_refused_naming_both():
+    from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model
+
+    with pytest.raises(ValueError, match=r"context_parallel_degree 2 with pipeline_parallel_degree 2: .* set one of "
+                                         r"them to 1"):
+        _parallelize(build_model(MODEL_CONFIGS["tiny"]), cp=2, pp=2, world_size=4, processes_per_host=4)
+
+
+def test_the_trainer_refuses_a_sequence_that_does_not_split_into_zigzag_chunks():
+    from trainyard.engine.config import TrainConfig, reconcile_distribution
+
+    par = Parallelism.parse({"context_parallel_degree": 2})
+    cfg = TrainConfig(model="tiny", seq_len=30, global_batch_size=4, micro_batch_size=2)
+    with pytest.raises(ValueError, match=r"seq_len 30 must be divisible by 2 x context_parallel_degree = 4"):
+        reconcile_distribution(cfg, par, world_size=4)
+    # the rows split over the data-parallel ranks only: 4 ranks / cp 2 = 2 of them, 4 rows of 2 = 1 micro-batch
+    assert reconcile_distribution(TrainConfig(model="tiny", seq_len=32, global_batch_size=4, micro_batch_size=2),
+                                  par, world_size=4).accumulation(par.data_parallel_degree(4)) == 1
+
+
+# --- the oracle: gloo, fp32, against one unsharded process ------------------------------------------------------
+
+def _worker():
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "cp_worker.py")
+
+
+def _assert_exact(results: dict, cases: list[dict]) -> None:
+    assert set(results) == {c["name"] for c in cases}
+    for name, errors in results.items():
+        assert set(errors) == {"loss", "grad_norm", "weights", "evaluate"}, (name, errors)
+        assert all(e <= 1e-5 for e in errors.values()), (name, errors)
+
+
+CP_ALONE = [
+    dict(name="cp2-accum2", distribution={"context_parallel_degree": 2}, microbatches=2),
+    dict(name="cp2-own-loop-ac-full", distribution={"context_parallel_degree": 2, "activation_checkpointing": "full"},
+         microbatches=2, loop="plain"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cp2_alone_matches_the_single_process_oracle(tmp_path):
+    from .launch import run_on_two_hosts
+
+    _assert_exact(run_on_two_hosts(_worker(), CP_ALONE, tmp_path, processes_per_host=2, hosts=1), CP_ALONE)
+
+
+CP_MICS = [
+    # the partition group (2 data-parallel ranks x 2 cp ranks) spans the 2 hosts: hierarchical, then flat
+    dict(name="cp2-mics-p2-hierarchical", distribution={"context_parallel_degree": 2,
+                                                        "mics": {"partition_group_size": 2}}, microbatches=2),
+    dict(name="cp2-mics-p2-flat", distribution={"context_parallel_degree": 2, "mics": {
+        "partition_group_size": 2, "hierarchical_allgather": False}}, microbatches=1),
+    # a partition group per host (its 2 cp ranks), 2 replicas synced across the hosts (2-hop, bucketed)
+    dict(name="cp2-mics-p1-2-replicas", distribution={"context_parallel_degree": 2,
+                                                      "mics": {"partition_group_size": 1}}, microbatches=2),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cp2_with_mics_on_two_hosts_matches_the_single_process_oracle(tmp_path):
+    from .launch import run_on_two_hosts
+
+    _assert_exact(run_on_two_hosts(_worker(), CP_MICS, tmp_path, processes_per_host=2, hosts=2), CP_MICS)
+
+
+CP_TP = [
+    dict(name="cp2-tp2", distribution={"context_parallel_degree": 2, "tensor_parallel_degree": 2}, microbatches=2),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cp2_with_tp2_matches_the_single_process_oracle(tmp_path):
+    from .launch import run_on_two_hosts
+
+    _assert_exact(run_on_two_hosts(_worker(), CP_TP, tmp_path, processes_per_host=4, hosts=1), CP_TP)
