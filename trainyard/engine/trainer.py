@@ -121,7 +121,7 @@ class Trainer:
         return (f"model {cfg.model} ({self.params / 1e6:.2f}M parameters), world {self.ctx.world_size} on "
                 f"{self.ctx.device.type}/{self.ctx.backend}, dtype {str(self.dtype).removeprefix('torch.')}, "
                 f"{self.accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; {layout}"
-                f"partition groups of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing "
+                f"partition groups of {dims.dp_shard}{f' x cp {dims.cp}' if dims.cp > 1 else ''} x {dims.dp_replicate} replica(s), activation checkpointing "
                 f"{par.activation_checkpointing}{hier}")
 
     def resume(self) -> int:
