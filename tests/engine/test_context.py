@@ -24,6 +24,17 @@ def test_cp_ranks_sit_inside_the_data_parallel_group_and_share_its_shards():
     assert with_tp.cp_groups() == [[0, 2], [1, 3]] and with_tp.shard_groups() == [[0, 2], [1, 3]]
 
 
+def test_the_meter_names_the_cp_groups():
+    from trainyard.engine.components.meter import CommMeter
+
+    dims = Parallelism.parse({"context_parallel_degree": 2, "mics": {"partition_group_size": 2}}).dims(
+        world_size=8, processes_per_host=4)
+    meter = CommMeter(4, dims)
+    assert dims.shard_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]] and dims.cp_groups()[0] == [0, 1]
+    assert meter.dimension((0, 1)) == "cp" and meter.dimension((0, 1, 2, 3)) == "dp_shard_cp"
+    assert meter.dimension((0, 4)) == "dp_replicate" and meter.dimension(tuple(range(8))) == "world"
+
+
 def test_cp_1_keeps_every_existing_group():
     for kw in (dict(dp_replicate=2, dp_shard=2, world_size=4, processes_per_host=2),
                dict(dp_replicate=2, dp_shard=4, world_size=8, processes_per_host=2),

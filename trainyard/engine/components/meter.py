@@ -114,6 +114,8 @@ class CommMeter:
         named = {"dp_shard" if d.startswith("dp_shard") else d for d in varying}
         if len(named) == 1:
             return named.pop()
+        if named == {"dp_shard", "cp"} and len(ranks) == self.dims.shard_size:
+            return "dp_shard_cp"  # a partition group with its context-parallel ranks (what MiCS shards over)
         if len(ranks) == self.dims.world_size:
             return "world"  # e.g. the trainer's loss all-reduce
         return "+".join(varying) or "self"

@@ -31,6 +31,7 @@ from trainyard.engine.components import heartbeat
 from trainyard.engine.distributed.ac import apply_ac
 from trainyard.engine.distributed.context import shard_sequence
 from trainyard.parallel.dims import ParallelDims
+from trainyard.parallel.layout import check_cp
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
                                                       is_meta)
 from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch
@@ -68,6 +69,8 @@ class Parallelized:
 
     def sequence_shard(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's zig-zag chunks of `t` (batch, sequence, ...) under context parallelism; `t` otherwise."""
+        if self.dims.cp > 1:  # the rank's tokens are split again between blocks under sequence parallelism
+            check_cp(cp=self.dims.cp, seq_len=t.shape[1], tp=self.dims.tp)
         return shard_sequence(t, self.dims.cp, self.coords["cp"])
 
     @property
