@@ -47,6 +47,7 @@ from trainyard.engine.components.profiler import StepProfiler
 from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.components.tensorboard import require_tensorboard
 from trainyard.engine.components.data import rank_rows
+from trainyard.engine.distributed.context import shard_sequence
 from trainyard.parallel.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.parallel.parallelism import Parallelism
@@ -104,12 +105,23 @@ class Context(Dist):
         return self.coords["tp"]
 
     @property
+    def cp_rank(self) -> int:
+        return self.coords["cp"]
+
+    @property
     def pp_rank(self) -> int:
         return self.coords["pp"]
 
     def rows(self, global_batch: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of a global batch (its data-parallel slice)."""
+        """This rank's rows of a global batch (its data-parallel slice; the ranks of one context-parallel group get
+        the same rows, whole: `sequence_shard` cuts them)."""
         return rank_rows(global_batch, self.dp_rank, self.dp_size)
+
+    def sequence_shard(self, *tensors: torch.Tensor):
+        """This rank's zig-zag chunks of each tensor (batch, sequence, ...) under context parallelism, the tensors
+        themselves otherwise (one tensor: it; several: a tuple). `forward_backward` and `evaluate` do it."""
+        out = tuple(shard_sequence(t, self.dims.cp, self.cp_rank) for t in tensors)
+        return out[0] if len(out) == 1 else out
 
 
 _current: Context | None = None
@@ -301,6 +313,15 @@ def rows(model: nn.Module, global_batch: torch.Tensor) -> torch.Tensor:
     return rank_rows(global_batch, par.coords["dp"], par.dims.dp)
 
 
+def sequence_shard(model: nn.Module, *tensors: torch.Tensor):
+    """This rank's zig-zag chunks of the sequences of `tensors` (batch, sequence, ...) for `model`'s layout: under
+    context parallelism what `model(x)` and the loss of an `accumulate` loop take (inputs and targets alike); the
+    tensors themselves without it. One tensor: it; several: a tuple."""
+    par = _layout(model)
+    out = tuple(par.sequence_shard(t) for t in tensors)
+    return out[0] if len(out) == 1 else out
+
+
 @contextlib.contextmanager
 def accumulate(model: nn.Module, index: int, count: int):
     """Around micro-batch `index` of `count`: the 2-hop gradient sync (reduce-scatter inside the partition
@@ -346,12 +367,14 @@ def _eval_microbatches(par: Parallelized, microbatches: int | None) -> int:
 
 def evaluate(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
              loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], *, microbatches: int | None = None) -> float:
-    """The global-batch mean loss of this rank's rows without gradients (a collective), on every layout: through
+    """The global-batch mean loss of this rank's rows (whole sequences) without gradients (a collective), on every
+    layout: through
     the pipeline schedule's forward-only run under pipeline parallelism (`microbatches` default: the pipeline's),
     else the model's forward (default: one). Call `model.eval()` first for a model with dropout."""
     par = _layout(model)
     microbatches = _eval_microbatches(par, microbatches)
     total = torch.zeros((), device=inputs.device)
+    inputs, targets = par.sequence_shard(inputs), par.sequence_shard(targets)
     with torch.no_grad(), par.spec.loss_context(par.dims.tp):
         if par.dims.pp > 1:
             losses: list[torch.Tensor] = []
@@ -372,6 +395,10 @@ def predict(model: nn.Module, inputs: torch.Tensor, *, microbatches: int | None 
     None on the others (through the schedule's forward-only run, in `microbatches` chunks: default the
     pipeline's); else `model(inputs)`."""
     par = _layout(model)
+    if par.dims.cp > 1:
+        raise ValueError(f"predict under context_parallel_degree {par.dims.cp}: not supported yet (each rank holds "
+                         "chunks of the sequence); call model(te.sequence_shard(model, inputs)) under torch.no_grad() "
+                         "for this rank's chunks of the output, or predict with a layout without context parallelism")
     with torch.no_grad():
         if par.dims.pp == 1:
             return model(inputs)

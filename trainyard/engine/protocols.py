@@ -6,6 +6,8 @@ about a model family, so that model code stays parallel-agnostic and `paralleliz
     apply_tp(model, mesh)  a model-specific TP (e.g. with sequence parallelism and a vocab-parallel loss);
                            when given it replaces tp_plan
     check_tp(model, tp)    ValueError naming the dimension a degree does not divide (heads, widths)
+    apply_cp(model, mesh)  context parallelism: the model runs on its rank's zig-zag chunks of each sequence
+                           (exact attention over the whole sequence); None: its attention cannot be split
     stages                 how to cut the model into pipeline stages (None: no pipeline parallelism)
     init_module(model)     a function filling one module's own parameters and buffers (HF `_init_weights`,
                            `reset_parameters`), used for models built on the meta device; None when the
@@ -64,6 +66,8 @@ class ModelSpec:
     """How errors name the plan: the user's `tp_plan`, or the model's own (`Phi3ForCausalLM._tp_plan`)."""
     apply_tp: Callable[[nn.Module, object], None] | None = None
     check_tp: Callable[[nn.Module, int], None] = lambda model, tp: None
+    apply_cp: Callable[[nn.Module, object], None] | None = None
+    """Context parallelism over a 1-D mesh (ring attention, rotary positions of the rank's chunks); None refuses it."""
     stages: StageSplit | None = None
     no_stages: str | None = None
     """Why the model cannot be cut into stages, when `stages` is None and the reason is the model's own."""

@@ -133,12 +133,13 @@ class Trainer:
         cfg, dims, par = self.cfg, self.layout.dims, self.ctx.parallelism
         pipe = f" ({par.pipeline_schedule}, {par.virtual_stages} stage(s) per rank)" if dims.pp > 1 else ""
         layout = f"tp {dims.tp} x pp {dims.pp}{pipe} x " if dims.tp * dims.pp > 1 else ""
+        layout += f"cp {dims.cp} (zig-zag ring attention) x " if dims.cp > 1 else ""
         mics = MiCSConfig(hierarchical=par.hierarchical_allgather)
         hier = f", hierarchical over {dims.shard_hosts} hosts" if uses_hierarchy(dims, mics) else ""
         return (f"model {cfg.model} ({self.params / 1e6:.2f}M parameters), world {self.ctx.world_size} on "
                 f"{self.ctx.device.type}/{self.ctx.backend}, dtype {self.dtype_name}, "
                 f"{self.accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; {layout}"
-                f"partition groups of {dims.dp_shard} x {dims.dp_replicate} replica(s), activation checkpointing "
+                f"partition groups of {dims.dp_shard}{f' x cp {dims.cp}' if dims.cp > 1 else ''} x {dims.dp_replicate} replica(s), activation checkpointing "
                 f"{par.activation_checkpointing}{hier}")
 
     def resume(self) -> int:

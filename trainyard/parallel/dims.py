@@ -3,20 +3,26 @@
 Ranks are numbered host by host (`rank = host * processes_per_host + local_rank`, as torchrun numbers
 them with node rank = host index). The mesh is row-major over
 
-    (pp, dp_replicate, dp_shard_inter, dp_shard_intra, tp)
+    (pp, dp_replicate, dp_shard_inter, dp_shard_intra, cp, tp)
 
-with `tp` innermost so that it stays inside a host. `dp_shard` (the MiCS partition group, size p) is the
-flattened `(dp_shard_inter, dp_shard_intra)`: when p * tp <= processes_per_host a partition group lives
-inside one host (`dp_shard_inter` = 1); otherwise it spans k = p * tp / processes_per_host whole hosts with
-m = p / k ranks on each, and the two sub-dimensions are the groups a hierarchical collective needs:
-`dp_shard_inter` joins the ranks with the same local index on the k hosts, `dp_shard_intra` the m ranks
-of the group on one host.
+with `tp` innermost so that it stays inside a host, and the context-parallel ranks `cp` (which split the
+sequence and see the same rows) next to it, inside a host too. `dp_shard` (the MiCS partition group, p
+data-parallel ranks) is the flattened `(dp_shard_inter, dp_shard_intra)`: when p * cp * tp <=
+processes_per_host a partition group lives inside one host (`dp_shard_inter` = 1); otherwise it spans
+k = p * cp * tp / processes_per_host whole hosts with m = p / k data-parallel ranks on each, and the two
+sub-dimensions are the groups a hierarchical collective needs: `dp_shard_inter` joins the ranks with the same
+local index on the k hosts, `dp_shard_intra` the m ranks of the group on one host.
+
+Context parallelism folds into the sharding, as torchtitan folds it into FSDP: the model states are sharded
+over the p * cp ranks of `dp_shard_cp` (the flattened `(dp_shard_inter, dp_shard_intra, cp)`, built when
+cp > 1), so the gradients of the context-parallel ranks are reduced by the same reduce-scatter. With cp = 1
+the mesh has a `cp` dimension of size 1 and every group is what it was without it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp", "tp")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -24,7 +30,9 @@ class ParallelDims:
     dp_replicate: int
     """Replicas of the model states (MiCS: the number of partition groups, r = N / p)."""
     dp_shard: int
-    """Partition group size p: the model states are sharded over this many ranks."""
+    """Partition group size p in data-parallel ranks: the model states are sharded over p x cp ranks."""
+    cp: int = 1
+    """Context-parallel degree: ranks that split the sequence of the same rows (inside a host)."""
     tp: int = 1
     """Tensor-parallel degree (inside a host)."""
     pp: int = 1
@@ -36,25 +44,30 @@ class ParallelDims:
     _mesh: object = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "pp", "world_size", "processes_per_host"):
+        for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "world_size", "processes_per_host"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         n, pph = self.world_size, self.processes_per_host
-        if self.dp_replicate * self.dp_shard * self.tp * self.pp != n:
+        if self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp != n:
+            cp = f" x cp ({self.cp})" if self.cp > 1 else ""
             raise ValueError(
-                f"dp_replicate ({self.dp_replicate}) x dp_shard ({self.dp_shard}) x tp ({self.tp}) x pp ({self.pp}) = "
-                f"{self.dp_replicate * self.dp_shard * self.tp * self.pp} must equal the world size {n}"
+                f"dp_replicate ({self.dp_replicate}) x dp_shard ({self.dp_shard}){cp} x tp ({self.tp}) x pp ({self.pp}) = "
+                f"{self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp} must equal the world size {n}"
             )
         if n % pph:
             raise ValueError(f"world size {n} is not a whole number of hosts of {pph} processes")
         if pph % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide the processes per host ({pph}): tensor parallelism stays "
                              "inside a host")
-        g = self.dp_shard * self.tp
+        if pph % (self.cp * self.tp):
+            raise ValueError(f"cp ({self.cp}) x tp ({self.tp}) = {self.cp * self.tp} must divide the processes per host "
+                             f"({pph}): the ranks that split one sequence stay inside a host")
+        g = self.dp_shard * self.cp * self.tp
         if pph % g and g % pph:
+            cp = f" x cp {self.cp}" if self.cp > 1 else ""
             raise ValueError(
-                f"a partition group (dp_shard {self.dp_shard} x tp {self.tp} = {g} consecutive ranks) must fit "
+                f"a partition group (dp_shard {self.dp_shard}{cp} x tp {self.tp} = {g} consecutive ranks) must fit "
                 f"inside a host of {pph} processes (divide {pph}) or span whole hosts (be a multiple of {pph})"
             )
 
@@ -65,16 +78,27 @@ class ParallelDims:
     @property
     def shard_hosts(self) -> int:
         """k: the number of hosts one partition group spans (1 when it fits inside a host)."""
-        return max(1, self.dp_shard * self.tp // self.processes_per_host)
+        return max(1, self.dp_shard * self.cp * self.tp // self.processes_per_host)
 
     @property
     def shard_per_host(self) -> int:
-        """m: the ranks of one partition group on each of its hosts."""
+        """m: the data-parallel ranks of one partition group on each of its hosts (each with its cp ranks)."""
         return self.dp_shard // self.shard_hosts
 
     @property
+    def shard_size(self) -> int:
+        """The ranks the model states are sharded over: the partition group's data-parallel ranks, each with its
+        context-parallel ranks (p x cp)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def shard_dim(self) -> str:
+        """The mesh dimension FSDP shards over: `dp_shard`, or `dp_shard_cp` under context parallelism."""
+        return "dp_shard_cp" if self.cp > 1 else "dp_shard"
+
+    @property
     def mesh_shape(self) -> tuple[int, ...]:
-        return (self.pp, self.dp_replicate, self.shard_hosts, self.shard_per_host, self.tp)
+        return (self.pp, self.dp_replicate, self.shard_hosts, self.shard_per_host, self.cp, self.tp)
 
     def rank_grid(self):
         """The ranks laid out in MESH_DIMS order (what the mesh is built from), as a tensor."""
@@ -86,8 +110,14 @@ class ParallelDims:
         return rank // self.processes_per_host
 
     def shard_groups(self) -> list[list[int]]:
-        """Every partition group's ranks (each is one dp_shard group of the mesh)."""
-        g = self.rank_grid().movedim(MESH_DIMS.index("tp"), 2).reshape(-1, self.dp_shard)
+        """Every partition group's ranks, the ranks the model states are sharded over (each is one group of
+        `shard_dim`: dp_shard, or dp_shard x cp)."""
+        g = self.rank_grid().movedim(MESH_DIMS.index("tp"), 2).reshape(-1, self.shard_size)
+        return [row.tolist() for row in g]
+
+    def cp_groups(self) -> list[list[int]]:
+        """Every context-parallel group's ranks (they split the sequence of the same rows)."""
+        g = self.rank_grid().movedim(MESH_DIMS.index("cp"), -1).reshape(-1, self.cp)
         return [row.tolist() for row in g]
 
     def replicate_groups(self) -> list[list[int]]:
@@ -95,12 +125,16 @@ class ParallelDims:
         return [row.tolist() for row in g]
 
     def build_mesh(self, device_type: str):
-        """The named DeviceMesh (a collective: every rank calls it), with `dp_shard` flattened."""
+        """The named DeviceMesh (a collective: every rank calls it), with `dp_shard` flattened; under context
+        parallelism also `dp_shard_cp` (what FSDP shards over) and `dp_shard_intra_cp` (its ranks on one host)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         if self._mesh is None:
             mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
             mesh["dp_shard_inter", "dp_shard_intra"]._flatten("dp_shard")
+            if self.cp > 1:
+                mesh["dp_shard_inter", "dp_shard_intra", "cp"]._flatten("dp_shard_cp")
+                mesh["dp_shard_intra", "cp"]._flatten("dp_shard_intra_cp")
             self._mesh = mesh
         return self._mesh
 
@@ -124,23 +158,30 @@ class ParallelDims:
         return idx
 
     def dp_mesh(self):
-        """The 2-D `(dp_replicate, dp_shard)` mesh FSDP2 shards over (dim 0 replicates)."""
-        return self.mesh["dp_replicate", "dp_shard"]
+        """The 2-D `(dp_replicate, dp_shard)` mesh FSDP2 shards over (dim 0 replicates); `dp_shard_cp` for the
+        second under context parallelism."""
+        return self.mesh["dp_replicate", self.shard_dim]
+
+    def shard_mesh(self):
+        """The 1-D mesh of the partition group FSDP2 shards over (`shard_dim`)."""
+        return self.mesh[self.shard_dim]
 
 
 def dims_from_distribution(distribution: dict, *, world_size: int, processes_per_host: int) -> ParallelDims:
-    """ParallelDims for the typed `distribution` (see `trainyard.job.distribution`): `tp` and `pp` from
-    the tensor- and pipeline-parallel degrees; the remaining data-parallel ranks form partition groups of
-    `mics.partition_group_size` (default: all of them, ZeRO-3), replicated over the rest."""
+    """ParallelDims for the typed `distribution` (see `trainyard.job.distribution`): `tp`, `pp` and `cp` from
+    the tensor-, pipeline- and context-parallel degrees; the remaining data-parallel ranks form partition groups
+    of `mics.partition_group_size` (default: all of them, ZeRO-3), replicated over the rest."""
     tp = distribution.get("tensor_parallel_degree") or 1
     pp = distribution.get("pipeline_parallel_degree") or 1
-    if world_size % (tp * pp):
-        raise ValueError(f"tensor_parallel_degree ({tp}) x pipeline_parallel_degree ({pp}) = {tp * pp} must divide "
-                         f"the world size {world_size}")
-    dp = world_size // (tp * pp)
+    cp = distribution.get("context_parallel_degree") or 1
+    if world_size % (tp * pp * cp):
+        named = f" x context_parallel_degree ({cp})" if cp > 1 else ""
+        raise ValueError(f"tensor_parallel_degree ({tp}) x pipeline_parallel_degree ({pp}){named} = {tp * pp * cp} "
+                         f"must divide the world size {world_size}")
+    dp = world_size // (tp * pp * cp)
     p = (distribution.get("mics") or {}).get("partition_group_size") or dp
     if dp % p:
         raise ValueError(f"partition_group_size {p} must divide the data-parallel degree {dp} (world size "
                          f"{world_size} / (tensor_parallel_degree {tp} x pipeline_parallel_degree {pp}))")
-    return ParallelDims(dp_replicate=dp // p, dp_shard=p, tp=tp, pp=pp, world_size=world_size,
+    return ParallelDims(dp_replicate=dp // p, dp_shard=p, cp=cp, tp=tp, pp=pp, world_size=world_size,
                         processes_per_host=processes_per_host)

@@ -5,11 +5,16 @@ what the engine runs again before it builds anything. Every message names the nu
   `tp` ranks, and (sequence parallelism) the sequence between blocks: each must be a multiple of `tp`.
 - Pipeline parallelism cuts the layers into `pp * v` stages (v virtual stages per rank with the
   interleaved schedule), evenly or by an explicit split; every stage holds at least one layer.
+- Context parallelism cuts each sequence into 2 x cp zig-zag chunks (rank r holds chunks r and 2 cp - 1 - r):
+  the sequence length must be a multiple of 2 x cp, and under sequence parallelism a rank's cp-th of it a
+  multiple of `tp`.
 - Micro-batches: every schedule needs at least as many as the pipeline has ranks to fill it (fewer
   leave ranks idle for the whole step); interleaved 1F1B also needs a multiple of the rank count
   (the rule of Narayanan et al. 2021 under which its bubble is (p-1)/(v m)).
 """
 from __future__ import annotations
+
+import math
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -26,6 +31,20 @@ def check_tp(*, tp: int, n_heads: int, n_kv_heads: int, ffn_hidden: int, vocab_s
                     "seq_len": "sequence length (sequence parallelism splits it between blocks)"}.get(name, name)
             raise ValueError(f"tensor_parallel_degree {tp} must divide the model's {what}: {name} = {value}; "
                              f"choose a degree that divides {value}")
+
+
+def check_cp(*, cp: int, seq_len: int, tp: int = 1) -> None:
+    """ValueError unless a sequence of `seq_len` tokens splits into 2 x cp zig-zag chunks (and a rank's
+    seq_len / cp tokens over `tp` sequence-parallel ranks)."""
+    if cp == 1:
+        return
+    if seq_len % (2 * cp):
+        raise ValueError(f"seq_len {seq_len} must be divisible by 2 x context_parallel_degree = {2 * cp} (each rank "
+                         f"holds two of {2 * cp} zig-zag chunks); choose a multiple of {2 * cp}")
+    if (seq_len // cp) % tp:
+        raise ValueError(f"seq_len {seq_len} / context_parallel_degree {cp} = {seq_len // cp} tokens per rank must be "
+                         f"divisible by tensor_parallel_degree {tp} (sequence parallelism splits them); choose seq_len "
+                         f"a multiple of {2 * cp * tp // math.gcd(2, tp)}")
 
 
 def stage_layers(n_layers: int, stages: int, split: list[int] | None = None) -> list[list[int]]:

@@ -8,7 +8,7 @@ Forms accepted (the SDK passes whichever the user wrote; `init()` and `transform
                 "reshard_after_forward": true|false|n, "two_hop_sync": true|false,
                 "replica_sync": "bucketed"|"native", "replica_bucket_mb": x,
                 "replica_compression": null|"bf16"|"int8", "hierarchical_chunks": c, "cpu_offload": true|false},
-       "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
+       "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp, "context_parallel_degree": cp,
        "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v, "microbatches": m|null,
        "pipeline_split": [blocks per stage, pp * v of them]|null,
        "gradient_accumulation_steps": s|null, "activation_checkpointing": "none"|"full"|"selective",
@@ -16,15 +16,17 @@ Forms accepted (the SDK passes whichever the user wrote; `init()` and `transform
 
 - SageMaker's: `{"torch_distributed": {"enabled": True}}` (plain data parallel: ZeRO-3 over the data-parallel
   ranks); SMP v2 `smdistributed.modelparallel.parameters.hybrid_shard_degree` and `tensor_parallel_degree`;
+  SMP v2 `context_parallel_degree`;
   SMP v1 `sharded_data_parallel_degree` with `sdp_hierarchical_allgather` and `sdp_gradient_clipping`,
   `tensor_parallel_degree`, `pipeline_parallel_degree` (alias `partitions`), `microbatches` and `pipeline`
   ("simple": gpipe; "interleaved", which interleaves forward and backward: 1f1b). Keys of the launchers
   (`mpi`, `torch_distributed`, `pytorchddp`, ...) say how processes start and do not change the layout.
   Typed keys win over mapped ones.
 
-The world is tp x pp x dp ranks: tensor parallelism inside a host, pp pipeline stages, and dp = world /
-(tp x pp) data-parallel ranks in MiCS partition groups of p (default dp: ZeRO-3 over the data-parallel
-ranks). Torch-free: the SDK parses and checks a distribution with this module before anything starts.
+The world is tp x cp x pp x dp ranks: tensor parallelism inside a host, cp context-parallel ranks splitting
+the sequence (inside a host), pp pipeline stages, and dp = world / (tp x cp x pp) data-parallel ranks in MiCS
+partition groups of p (default dp: ZeRO-3 over the data-parallel ranks); the model states are sharded over
+the p x cp ranks of a partition group and its context-parallel ranks. Torch-free: the SDK parses and checks a distribution with this module before anything starts.
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ REPLICA_COMPRESSIONS = ("bf16", "int8")
 AC_MODES = ("none", "full", "selective")
 PRECISIONS = ("bf16", "fp32")
 SMP_PIPELINES = {"simple": "gpipe", "interleaved": "1f1b"}  # SMP v1 `pipeline` -> pipeline_schedule
-_TYPED_KEYS = ("mics", "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_schedule", "virtual_stages",
+_TYPED_KEYS = ("mics", "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+               "pipeline_schedule", "virtual_stages",
                "microbatches", "pipeline_split", "gradient_accumulation_steps", "activation_checkpointing",
                "mixed_precision", "gradient_clipping")
 # SageMaker's launcher keys: how processes start, not how the model is laid out
@@ -64,6 +67,9 @@ class Parallelism:
     """Ranks one layer's matrices are split over (inside a host)."""
     pipeline_parallel_degree: int = 1
     """Pipeline stages (ranks) the blocks are cut into."""
+    context_parallel_degree: int = 1
+    """Ranks one sequence is split over (zig-zag chunks, exact ring attention; inside a host). They see the same
+    rows and share the MiCS partition group: model states are sharded over partition_group_size x this."""
     partition_group_size: int | None = None
     """MiCS partition group p: model states sharded over p data-parallel ranks (None: all of them, ZeRO-3)."""
     hierarchical_allgather: bool | None = None
@@ -94,7 +100,7 @@ class Parallelism:
     gradient_clipping: float | None = None
 
     def __post_init__(self) -> None:
-        for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "virtual_stages"):
+        for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "virtual_stages"):
             if not _positive_int(getattr(self, key)):
                 raise ValueError(f"distribution: {key} must be an integer >= 1, got {getattr(self, key)!r}")
         for key in ("partition_group_size", "microbatches", "gradient_accumulation_steps"):
@@ -167,6 +173,10 @@ class Parallelism:
         return self.pipeline_parallel_degree
 
     @property
+    def cp(self) -> int:
+        return self.context_parallel_degree
+
+    @property
     def stages(self) -> int:
         return self.pipeline_parallel_degree * self.virtual_stages
 
@@ -199,27 +209,31 @@ class Parallelism:
 
     def dims(self, *, world_size: int, processes_per_host: int) -> ParallelDims:
         """The host-aware layout of this parallelism on a world (ValueError naming the degrees otherwise)."""
-        tp, pp = self.tp, self.pp
+        tp, pp, cp = self.tp, self.pp, self.cp
         dp = self.data_parallel_degree(world_size)
         p = self.partition_group_size or dp
         if dp % p:
+            named = f" x context_parallel_degree {cp}" if cp > 1 else ""
             raise ValueError(f"distribution: partition_group_size {p} must divide the data-parallel degree {dp} = "
                              f"world size {world_size} / (tensor_parallel_degree {tp} x pipeline_parallel_degree "
-                             f"{pp}); choose a divisor of {dp}")
+                             f"{pp}{named}); choose a divisor of {dp}")
         try:
-            return ParallelDims(dp_replicate=dp // p, dp_shard=p, tp=tp, pp=pp, world_size=world_size,
+            return ParallelDims(dp_replicate=dp // p, dp_shard=p, cp=cp, tp=tp, pp=pp, world_size=world_size,
                                 processes_per_host=processes_per_host)
         except ValueError as e:
-            raise ValueError(f"distribution: {e}; tp is tensor_parallel_degree, dp_shard is "
+            named = ", cp is context_parallel_degree" if cp > 1 else ""
+            raise ValueError(f"distribution: {e}; tp is tensor_parallel_degree{named}, dp_shard is "
                              "mics.partition_group_size") from None
 
     def data_parallel_degree(self, world_size: int) -> int:
-        """The ranks that see different data: the world over the tensor- and pipeline-parallel degrees."""
-        if world_size % (self.tp * self.pp):
-            raise ValueError(f"distribution: tensor_parallel_degree {self.tp} x pipeline_parallel_degree {self.pp} = "
-                             f"{self.tp * self.pp} must divide the world size {world_size} (hosts x processes per host); "
+        """The ranks that see different data: the world over the tensor-, pipeline- and context-parallel degrees."""
+        n = self.tp * self.pp * self.cp
+        if world_size % n:
+            named = f" x context_parallel_degree {self.cp}" if self.cp > 1 else ""
+            raise ValueError(f"distribution: tensor_parallel_degree {self.tp} x pipeline_parallel_degree {self.pp}"
+                             f"{named} = {n} must divide the world size {world_size} (hosts x processes per host); "
                              f"choose degrees whose product divides {world_size}")
-        return world_size // (self.tp * self.pp)
+        return world_size // n
 
     def to_dict(self) -> dict[str, Any]:
         """The typed form, every key."""
@@ -252,6 +266,7 @@ def _from_smp(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError(f"distribution: smdistributed: partitions ({params['partitions']!r}) is an alias of "
                          f"pipeline_parallel_degree ({params['pipeline_parallel_degree']!r}); give one of them")
     for key, src in (("tensor_parallel_degree", "tensor_parallel_degree"),
+                     ("context_parallel_degree", "context_parallel_degree"),
                      ("pipeline_parallel_degree", "pipeline_parallel_degree"),
                      ("pipeline_parallel_degree", "partitions"), ("microbatches", "microbatches")):
         if src in params:

@@ -109,11 +109,13 @@ class CommMeter:
 
     def _name_dimension(self, ranks: tuple[int, ...]) -> str:
         coords = [self.dims.coords(r) for r in ranks]
-        varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "tp")
+        varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp", "tp")
                    if len({c[d] for c in coords}) > 1]
         named = {"dp_shard" if d.startswith("dp_shard") else d for d in varying}
         if len(named) == 1:
             return named.pop()
+        if named == {"dp_shard", "cp"} and len(ranks) == self.dims.shard_size:
+            return "dp_shard_cp"  # a partition group with its context-parallel ranks (what MiCS shards over)
         if len(ranks) == self.dims.world_size:
             return "world"  # e.g. the trainer's loss all-reduce
         return "+".join(varying) or "self"

@@ -2,7 +2,8 @@
 
 `apply_mics(model, blocks, dims, config)` shards every block (blocks sharing a parameter as one unit) and then the root with `fully_shard`
 over the 2-D mesh `(dp_replicate, dp_shard)` of `ParallelDims`: model states are sharded inside a
-partition group of p = dp_shard ranks and replicated across the r = dp_replicate groups. Partition size
+partition group of p = dp_shard ranks and replicated across the r = dp_replicate groups. Under context
+parallelism the group is `dp_shard_cp`, its p data-parallel ranks with their cp ranks each (p x cp ranks). Partition size
 1 is DDP, p = world is ZeRO-3; `reshard_after_forward=False` is ZeRO-2-like, an int is hpZ-like.
 
 When a partition group spans k > 1 hosts, the parameter all-gather and the gradient reduce-scatter run
@@ -167,7 +168,8 @@ def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSCo
     units = [unit if isinstance(unit, list) else [unit] for unit in units]
     blocks = [unit[0] for unit in units]  # a unit's first block is its FSDP handle
     # one replica, or replicas synced by ReplicaSync: 1-D sharding, so FSDP issues no all-reduce of its own
-    mesh = dims.dp_mesh() if uses_native_sync(dims, config) else dims.mesh["dp_shard"]
+    # (under context parallelism the group is dp_shard x cp: the cp ranks' gradients join the same reduce-scatter)
+    mesh = dims.dp_mesh() if uses_native_sync(dims, config) else dims.shard_mesh()
     policy = MixedPrecisionPolicy(param_dtype=config.param_dtype,
                                   reduce_dtype=config.reduce_dtype or config.param_dtype)
     offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
@@ -178,8 +180,10 @@ def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSCo
     fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False)
     model.register_forward_hook(_reshard_without_backward)
     if uses_hierarchy(dims, config):
-        k, m = dims.shard_hosts, dims.shard_per_host
-        intra, inter = dims.mesh.get_group("dp_shard_intra"), dims.mesh.get_group("dp_shard_inter")
+        # on each host the group has m data-parallel ranks, each with its cp ranks (dp_shard_intra_cp)
+        k, m = dims.shard_hosts, dims.shard_per_host * dims.cp
+        intra = dims.mesh.get_group("dp_shard_intra_cp" if dims.cp > 1 else "dp_shard_intra")
+        inter = dims.mesh.get_group("dp_shard_inter")
         for module in [*blocks, model]:
             module.set_custom_all_gather(HierarchicalAllGather(intra, inter, k, m, config.hierarchical_chunks))
             module.set_custom_reduce_scatter(HierarchicalReduceScatter(intra, inter, k, m))

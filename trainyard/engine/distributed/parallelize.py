@@ -1,10 +1,13 @@
 """The composition of the engine's parallelisms for any module its spec describes, in the one order that works:
 
-    pipeline cut -> tensor (and sequence) parallelism -> activation checkpointing -> torch.compile -> MiCS -> weights
+    pipeline cut -> tensor (and sequence) parallelism -> context parallelism -> activation checkpointing
+    -> torch.compile -> MiCS -> weights
 
-on the mesh `(pp, dp_replicate, dp_shard, tp)` of `ParallelDims`; and the training step of the result:
+on the mesh `(pp, dp_replicate, dp_shard, cp, tp)` of `ParallelDims`; and the training step of the result:
 micro-batches through the pipeline schedule (or a plain loop with 2-hop gradient sync), gradient clipping
-over every mesh dimension, and the global-batch loss.
+over every mesh dimension, and the global-batch loss. Under context parallelism the step cuts each rank's rows
+into its zig-zag chunks of the sequence (`sequence_shard`) and the loss of a rank is the mean over its tokens;
+every context-parallel rank has as many, so the mean over the ranks is the mean over the global tokens.
 
 Weights: a model with real weights keeps rank 0's values (broadcast before sharding); a model on the meta
 device is materialised after sharding and initialised layout-independently (`materialize`). With one
@@ -27,7 +30,9 @@ from torch.distributed.tensor import DTensor
 from trainyard.engine.components import heartbeat
 from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.distributed.ac import apply_ac
+from trainyard.engine.distributed.context import shard_sequence
 from trainyard.parallel.dims import ParallelDims
+from trainyard.parallel.layout import check_cp
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
                                                       is_meta)
 from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch
@@ -67,6 +72,12 @@ class Parallelized:
     float8_all_gather: bool = False
     """Whether MiCS all-gathers FP8 weights (torchao): their scales are computed after each optimizer step."""
     _scaled_losses: dict = field(default_factory=dict)
+
+    def sequence_shard(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's zig-zag chunks of `t` (batch, sequence, ...) under context parallelism; `t` otherwise."""
+        if self.dims.cp > 1:  # the rank's tokens are split again between blocks under sequence parallelism
+            check_cp(cp=self.dims.cp, seq_len=t.shape[1], tp=self.dims.tp)
+        return shard_sequence(t, self.dims.cp, self.coords["cp"])
 
     @property
     def holds_first(self) -> bool:
@@ -137,6 +148,13 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     """This rank's part of `model`, parallelised over `dims` (whose mesh is built). `compile`: each block's
     forward (after activation checkpointing, inside MiCS's hooks) goes through torch.compile."""
     mics = mics or MiCSConfig()
+    if dims.cp > 1 and dims.pp > 1:
+        raise ValueError(f"context_parallel_degree {dims.cp} with pipeline_parallel_degree {dims.pp}: context "
+                         "parallelism does not compose with pipeline parallelism yet; set one of them to 1")
+    if dims.cp > 1 and spec.apply_cp is None:
+        raise ValueError(f"context_parallel_degree {dims.cp}: the engine cannot split the attention of {spec.name} over "
+                         "the sequence (context parallelism works for the built-in Transformer so far); set "
+                         "context_parallel_degree to 1 and use MiCS or tensor parallelism")
     if dims.pp > 1 or not two_hop:
         # a pipeline schedule drives FSDP's sync itself, and flat HSDP all-reduces every micro-batch: FSDP's own
         mics = dataclasses.replace(mics, replica_sync="native", replica_compression=None)
@@ -148,7 +166,8 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
         spec.check_tp(model, dims.tp)
     coords = dims.coords(dist.get_rank())
     stages, num_stages, parts = _cut(model, spec, dims, coords["pp"], pipeline)
-    sharded = dims.dp > 1 or mics.param_dtype not in (None, torch.float32) or mics.cpu_offload
+    # the context-parallel ranks share the partition group: their gradients are reduced with it
+    sharded = dims.dp * dims.cp > 1 or mics.param_dtype not in (None, torch.float32) or mics.cpu_offload
     blocks_of = [spec.blocks(part) for part in parts]
     syncs: list[ReplicaSync | None] = []
     for part, blocks in zip(parts, blocks_of):
@@ -158,6 +177,8 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
         if dims.tp > 1:
             _apply_tp(part, spec, dims)
             retie(part, ties, after="tensor parallelism")
+        if dims.cp > 1:
+            spec.apply_cp(part, dims.mesh["cp"])
         apply_ac(blocks, ac)
         if compile:
             apply_compile(blocks)
@@ -246,12 +267,14 @@ def sync_for(par: Parallelized, index: int, count: int) -> None:
 
 def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Tensor, microbatches: int,
                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Forward and backward of this rank's `inputs`/`targets` in `microbatches` chunks along the batch, gradients
-    left reduced over the data-parallel ranks. Returns this rank's mean loss if it computes the loss (the last
-    pipeline stage), else zero, as a detached tensor. Under float16 the losses backpropagated are scaled by
-    the model's loss scaler (`par.scaler`); the loss returned is not."""
+    """Forward and backward of this rank's `inputs`/`targets` (whole sequences: under context parallelism each rank
+    takes its zig-zag chunks of them) in `microbatches` chunks along the batch, gradients left reduced over the
+    data-parallel and context-parallel ranks. Returns this rank's mean loss if it computes the loss (the last
+    pipeline stage), else zero, as a detached tensor. Under float16 the losses backpropagated are scaled by the
+    model's loss scaler (`par.scaler`); the loss returned is not."""
     total = torch.zeros((), device=inputs.device)
     scale = par.scaler.get_scale() if par.scaler is not None else 1.0
+    inputs, targets = par.sequence_shard(inputs), par.sequence_shard(targets)
     with par.spec.loss_context(par.dims.tp):
         if par.dims.pp > 1:
             heartbeat.set_phase("pipeline")
@@ -378,4 +401,4 @@ def loss_value(total: torch.Tensor, dims: ParallelDims) -> float:
     total = total.clone()
     # SUM then divide: never rely on a backend's AVG (gloo once summed silently, pytorch#162338)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total.item() / (dims.world_size // dims.pp)  # the ranks that hold the head: dp x tp
+    return total.item() / (dims.world_size // dims.pp)  # the ranks that hold the head: dp x cp x tp

@@ -71,13 +71,18 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = self.rope(q, k, cos, sin)
+        return self.wo(self.attend(q, k, v).reshape(bsz, seq, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of q (batch, seq, heads, head_dim) over k and v (batch, seq, kv_heads, head_dim), the
+        output like q (context parallelism puts ring attention here: engine/models/llama/cp.py)."""
         # Each key/value head serves n_heads / n_kv_heads query heads.
         repeat = q.shape[2] // k.shape[2]
         if repeat > 1:
             k = k.repeat_interleave(repeat, dim=2)
             v = v.repeat_interleave(repeat, dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+        return out.transpose(1, 2)
 
 
 class FeedForward(nn.Module):

@@ -1,12 +1,13 @@
 """The built-in Llama-style `Transformer` as a registered spec: blocks `layers.*`, Megatron-style TP with
 sequence parallelism and a vocab-parallel loss (`tp_plan.py`), pipeline stages cut from `layers` with the
 embedding first and the final norm and head last (its forward skips what a stage lacks), weights seeded by
-parameter name (`model.init_weights`)."""
+parameter name (`model.init_weights`); context parallelism by ring attention on zig-zag chunks (`cp.py`)."""
 from __future__ import annotations
 
 from torch import nn
 
 from trainyard.parallel.layout import check_tp
+from trainyard.engine.models.llama.cp import apply_cp
 from trainyard.engine.models.llama.model import Transformer, init_weights
 from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
 from trainyard.engine.protocols import ModelSpec, StageSplit
@@ -22,5 +23,6 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     if not isinstance(model, Transformer):
         return None
     return ModelSpec(name="llama", blocks=lambda m: list(m.layers.values()), apply_tp=apply_tp, check_tp=_check_tp,
+                     apply_cp=apply_cp,
                      stages=StageSplit(blocks="layers", first=("tok_embeddings",), last=("norm", "output")),
                      init_sharded=init_weights, loss_context=loss_context)

@@ -1,0 +1,117 @@
+"""Worker for the context-parallel oracle tests (torchrun agents emulating hosts, gloo, fp32).
+
+For every case in argv[1] (JSON list: name, distribution, microbatches, optional "loop": "plain") it trains the
+built-in Transformer through the public API (`te.transform(model, distribution=...)`) for STEPS steps on the
+same global batches as an unsharded single-process oracle, and records the worst relative error over the steps'
+losses and gradient norms and over the final weights, and of `te.evaluate` after training. A "plain" loop is a
+user's own: `te.sequence_shard` of its inputs and targets, `te.accumulate` per micro-batch, `te.global_loss`.
+Rank 0 writes {case name: {"loss", "grad_norm", "weights", "evaluate"}} to argv[2]; a case with "refused" writes
+the ValueError's text instead.
+"""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import trainyard.engine as te
+from trainyard.engine.components.data import SyntheticSource
+from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
+from trainyard.engine.trainer import token_loss
+
+STEPS, SEED, LR, CLIP = 3, 5, 1e-3, 0.05  # CLIP below the gradient norm: clipping is active
+SEQ = 32  # 4 zig-zag chunks of 8 under cp 2; 16 tokens per rank, 8 per rank under sequence parallelism 2
+CFG = ModelConfig(vocab_size=128, dim=64, n_layers=2, n_heads=8, n_kv_heads=4, ffn_hidden=128, max_seq_len=64)
+
+
+def optimizer(params):
+    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1)
+
+
+def data(rows: int) -> SyntheticSource:
+    return SyntheticSource(seed=SEED, global_batch_size=rows, seq_len=SEQ, vocab_size=CFG.vocab_size)
+
+
+def oracle(rows: int) -> dict:
+    model = build_model(CFG)
+    init_weights(model, SEED, device="cpu")
+    opt = optimizer(model.parameters())
+    source, losses, norms = data(rows), [], []
+    for step in range(1, STEPS + 1):
+        batch = source.global_batch(step)
+        loss = token_loss(model(batch[:, :-1]), batch[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+        opt.step()
+        opt.zero_grad()
+    batch = source.global_batch(STEPS + 1)
+    with torch.no_grad():
+        evaluation = token_loss(model(batch[:, :-1]), batch[:, 1:]).item()
+    return {"losses": losses, "norms": norms, "weights": model.state_dict(), "evaluate": evaluation}
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def run(case: dict) -> dict:
+    ctx = te.current()
+    model = te.transform(build_model(CFG), distribution=case["distribution"], seed=SEED)
+    layout = te.api._layout(model)
+    m = case["microbatches"]
+    rows = layout.dims.dp * m
+    opt = optimizer(model.parameters())
+    source, losses, norms = data(rows), [], []
+    for step in range(1, STEPS + 1):
+        batch = te.rows(model, source.global_batch(step))
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        if case.get("loop") == "plain":
+            inputs, targets = te.sequence_shard(model, inputs, targets)
+            total = 0.0
+            for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
+                with te.accumulate(model, i, m):
+                    part = token_loss(model(x), y) / m
+                    part.backward()
+                total += part.detach()
+            losses.append(te.global_loss(model, total))
+        else:
+            losses.append(te.forward_backward(model, inputs, targets, token_loss, microbatches=m))
+        norms.append(te.clip_grad_norm_(model, CLIP))
+        opt.step()
+        opt.zero_grad()
+    batch = te.rows(model, source.global_batch(STEPS + 1))
+    evaluation = te.evaluate(model, batch[:, :-1], batch[:, 1:], token_loss)
+    state = te.full_state_dict(model)
+    want = oracle(rows)
+    worst = torch.zeros(1, dtype=torch.float64)
+    if ctx.rank == 0:
+        assert set(state) == set(want["weights"]), sorted(set(state) ^ set(want["weights"]))
+        worst[0] = max(((state[k] - want["weights"][k]).norm() / want["weights"][k].norm()).item() for k in state)
+    dist.broadcast(worst, 0)
+    return {"loss": max(rel(a, b) for a, b in zip(losses, want["losses"])),
+            "grad_norm": max(rel(a, b) for a, b in zip(norms, want["norms"])),
+            "weights": worst.item(), "evaluate": rel(evaluation, want["evaluate"])}
+
+
+def refused(case: dict) -> str:
+    try:
+        run(case)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def main() -> None:
+    cases, out = json.loads(sys.argv[1]), sys.argv[2]
+    te.init({})
+    results = {case["name"]: refused(case) if case.get("refused") else run(case) for case in cases}
+    if dist.get_rank() == 0:
+        with open(out, "w") as fh:
+            json.dump(results, fh)
+    dist.barrier()
+    te.finish()
+
+
+if __name__ == "__main__":
+    main()
