@@ -23,6 +23,9 @@ PRIVATE = {
         "DCP on object storage: FileSystem, FsspecReader, FsspecWriter (components/checkpoint/io.py)",
     "torch.distributed.checkpoint.filesystem._StoragePrefix": "one storage prefix per rank in DCP's plans",
     "torch.distributed._shard._utils": "narrow_tensor_by_index: resharding reads of DCP checkpoints",
+    "torch._amp_foreach_non_finite_check_and_unscale_":
+        "the fp16 loss scaler's unscale and inf/nan check in one fused pass, as torch.amp.GradScaler does "
+        "(engine/components/scaler.py)",
     "torch.distributed.tensor.placement_types._StridedShard": "FSDP2 x TP placements read back from checkpoints",
     "torch.cuda.memory._record_memory_history": "the profiler's memory snapshots",
     "torch.cuda.memory._dump_snapshot": "the profiler's memory snapshots",
