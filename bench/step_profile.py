@@ -81,7 +81,7 @@ def _top_level(ops: list[dict]) -> list[dict]:
 
 
 def profile_one(name: str, args) -> dict:
-    micro, compile_on, kernels, ac = CONFIGS[name]
+    micro, compile_on, kernels, ac, dtype = CONFIGS[name]
     with tempfile.TemporaryDirectory() as cfg_dir:
         traces = os.path.join(cfg_dir, "traces")
         with open(os.path.join(cfg_dir, "profilerconfig.json"), "w") as fh:
@@ -89,7 +89,7 @@ def profile_one(name: str, args) -> dict:
         rows, failure, _, wall = train_one_gpu(
             ["--model", args.model, "--steps", str(args.step + 1), "--seq_len", str(args.seq_len),
              "--global_batch_size", str(micro), "--micro_batch_size", str(micro), "--kernels", kernels,
-             "--compile", str(compile_on).lower(), "--warmup_steps", "2", "--log_every", "4"],
+             "--compile", str(compile_on).lower(), "--warmup_steps", "2", "--log_every", "4", "--dtype", dtype],
             port=args.port, timeout=args.timeout, ac=ac, env={"SM_INPUT_CONFIG_DIR": cfg_dir})
         if rows is None:
             return {"name": name, "failed": failure}
@@ -99,6 +99,7 @@ def profile_one(name: str, args) -> dict:
         summary = summarize(os.path.join(traces, found[0]), args.top)
     step = next((r for r in rows if r["step"] == args.step), rows[-1])
     return {"name": name, "micro_batch": micro, "compile": compile_on, "kernels": kernels, "activation_checkpointing": ac,
+            "dtype": dtype,
             "step": args.step, "step_time_s": step.get("step_time_s"), "mfu": step.get("mfu"), "wall_s": round(wall, 1),
             **summary}
 
