@@ -54,7 +54,8 @@ from trainyard.engine.distributed.parallelize import (Parallelized, check_tp_gra
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
-from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, swap_kernels
+from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, describe_choices, plan_backends, swap_kernels
+from trainyard.kernels.auto import as_record
 from trainyard.engine.quiet import quiet
 from trainyard.engine.models.hf import weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
@@ -205,7 +206,10 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     "auto"/True; default off) swaps norms, MLPs, rotary embeddings and, without TP or PP, the loss for
     trainyard.kernels ops (models/fused.py); the model then returns `LMHidden`: take its loss with
     `te.lm_loss(output, targets)` (or read `output.logits`). `compile=True` runs each block's forward through
-    torch.compile (the first step then takes longer: the compilation)."""
+    torch.compile (the first step then takes longer: the compilation). `kernels="auto"` with `compile=True` on
+    CUDA first times each op, ours against torch.compile of its reference, at the model's shapes, and leaves to
+    inductor the ops where compile's is as fast (trainyard/kernels/auto.py); the choices are printed and kept
+    for the job's metrics (`layout.kernels`)."""
     backend = backend_of(kernels)
     ctx = current()
     par = ctx.parallelism if distribution is None else _parallelism(distribution)
@@ -229,13 +233,17 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     spec = resolve_spec(model, blocks=blocks, tp_plan=tp_plan)
     if spec.note and ctx.is_main:
         print(spec.note, flush=True)
+    choices = {}
     if backend is not None:
-        swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1)
+        choices, errors = plan_backends(model, backend, compile=compile, device=ctx.device, dtype=param_dtype)
+        swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1,
+                               backends={op: c.backend for op, c in choices.items()})
         if ctx.is_main:
-            print(f"kernels ({backend}): {swapped}", flush=True)
+            print(f"kernels ({backend}): {swapped}{describe_choices(backend, choices, errors)}", flush=True)
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init, compile=compile)
+    result.kernels = as_record(choices)
     object.__setattr__(result.model, _LAYOUT, result)
     return result.model
 

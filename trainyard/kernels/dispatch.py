@@ -44,7 +44,11 @@ def interpreting() -> bool:
 
 
 def triton_runs_on(tensor) -> bool:
-    return triton_installed() and (tensor.is_cuda or (tensor.device.type == "cpu" and interpreting()))
+    return triton_runs_on_device(tensor.device)
+
+
+def triton_runs_on_device(device) -> bool:
+    return triton_installed() and (device.type == "cuda" or (device.type == "cpu" and interpreting()))
 
 
 def choose(backend: str, tensor) -> str:
