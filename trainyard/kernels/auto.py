@@ -31,6 +31,11 @@ from typing import Callable
 
 import torch
 
+from trainyard.kernels import dispatch
+from trainyard.kernels.rmsnorm import rms_norm, rms_norm_reference
+from trainyard.kernels.rope import apply_rope
+from trainyard.kernels.swiglu import swiglu, swiglu_reference
+
 MEASURED_OPS = ("rms_norm", "swiglu", "rope")
 # ours is kept only when faster than compile's by more than this fraction
 MARGIN = 0.05
@@ -81,8 +86,6 @@ def decide(times: dict[str, tuple[float | None, float | None]], *, margin: float
 
 def unmeasured(backend: str, device: torch.device, why: str) -> dict[str, Choice]:
     """The choices without a measurement: every op takes `backend` as dispatch resolves it on `device`."""
-    from trainyard.kernels import dispatch
-
     resolved = backend
     if backend == "auto":  # as dispatch.choose("auto", a tensor on `device`)
         resolved = "triton" if dispatch.triton_runs_on_device(device) else "eager"
@@ -136,23 +139,18 @@ def time_fwd_bwd(fn: Callable, inputs: list, grads: list | None, *, repeats: int
 
 def cases(shapes: OpShapes, device, dtype, tokens: int = TOKENS) -> dict[str, tuple[Callable, Callable, Callable]]:
     """Per measurable op of the model: (ours, reference, make) with make() -> (inputs, output gradients)."""
-    from trainyard import kernels
-    from trainyard.kernels.rmsnorm import rms_norm_reference
-    from trainyard.kernels.rope import apply_rope
-    from trainyard.kernels.swiglu import swiglu_reference
-
     def rand(*shape, grad=True):
         return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(grad)
 
     out = {}
     if shapes.hidden:
         h = shapes.hidden
-        out["rms_norm"] = (lambda x, w: kernels.rms_norm(x, w, EPS, backend="triton"),
+        out["rms_norm"] = (lambda x, w: rms_norm(x, w, EPS, backend="triton"),
                            lambda x, w: rms_norm_reference(x, w, EPS),
                            lambda: ([rand(tokens, h), rand(h)], [torch.ones(tokens, h, device=device, dtype=dtype)]))
     if shapes.ffn:
         f = shapes.ffn
-        out["swiglu"] = (lambda a, b: kernels.swiglu(a, b, backend="triton"), swiglu_reference,
+        out["swiglu"] = (lambda a, b: swiglu(a, b, backend="triton"), swiglu_reference,
                          lambda: ([rand(tokens, f), rand(tokens, f)], [torch.ones(tokens, f, device=device, dtype=dtype)]))
     if shapes.q_heads and shapes.kv_heads and shapes.head_dim:
         layout, hq, hk, d = shapes.rope_layout, shapes.q_heads, shapes.kv_heads, shapes.head_dim
