@@ -387,8 +387,12 @@ def main(argv=None) -> int:
           flush=True)
     print("| op | impl | fwd+bwd ms | extra peak MB | max rel err | note |\n|" + " --- |" * 6, flush=True)
     rows = []
+    head = {"name": "kernels_tune", "device": device, "gpu": torch.cuda.get_device_name() if cuda else None,
+            "torch": torch.__version__, "triton": getattr(importlib.import_module("triton"), "__version__", None),
+            "shapes": shapes, "dtype": str(dtype), "repeats": args.repeats}
     for op in args.ops:
         rows += sweep_op(op, shapes, device, dtype, bench, args, lambda r: print(fmt(r), flush=True))
+        write(args.json, {**head, "partial": True, "seconds": round(time.time() - t0, 1), "rows": rows})
     summary = summarise(rows, args.ops)
     print("\nsummary (ms, fwd+bwd):")
     for op, s in summary.items():
@@ -398,16 +402,19 @@ def main(argv=None) -> int:
               f"{s.get('auto_under_compile', 'ours (not measured)')}", flush=True)
     check = {"note": "skipped (--no-compile)"} if args.no_compile else compile_check(device, dtype)
     print(f"compile check: {json.dumps({k: v for k, v in check.items() if k != 'traceback'})}", flush=True)
-    result = {"name": "kernels_tune", "device": device, "gpu": torch.cuda.get_device_name() if cuda else None,
-              "torch": torch.__version__, "triton": getattr(importlib.import_module("triton"), "__version__", None),
-              "shapes": shapes, "dtype": str(dtype), "repeats": args.repeats, "seconds": round(time.time() - t0, 1),
-              "rows": rows, "summary": summary, "compile_check": check}
+    result = {**head, "seconds": round(time.time() - t0, 1), "rows": rows, "summary": summary,
+              "compile_check": check}
     print(f"{result['seconds']:.0f} s")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1, default=str)
+    write(args.json, result)
     return 0
+
+
+def write(path, result):
+    """The results so far (after each op, "partial": true, so that a run cut short leaves what it measured)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":
