@@ -159,3 +159,16 @@ def test_builtin_trainer_trains_an_hf_model_on_a_text_channel(tmp_path):
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3]) - 1.0, losses
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "model"))
     assert exported.config.vocab_size == 320 and exported.lm_head.weight.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_the_kernels_choice_is_in_the_first_metrics_row(tmp_path):
+    """kernels=auto: each op's implementation goes into the job's first metrics row and transform's line. On
+    CPU without the interpreter nothing is measured and every op takes its eager reference (on CUDA under
+    compile the row carries the measured times: trainyard/kernels/auto.py)."""
+    rows, out = run_train(tmp_path, [*TINY, "--steps", "2", "--kernels", "auto", "--dtype", "float32"],
+                          env={"TRITON_INTERPRET": "0"})
+    assert "kernels (auto): rms_norm 5, swiglu 2, rope 2, loss 1; auto: eager (not compiled)" in out
+    assert rows[0]["kernels"]["rms_norm"] == {"backend": "eager", "ours_ms": None, "compile_ms": None,
+                                              "why": "not compiled"}
+    assert set(rows[0]["kernels"]) == {"rms_norm", "swiglu", "rope", "loss"} and "kernels" not in rows[1]

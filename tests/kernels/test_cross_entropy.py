@@ -119,9 +119,12 @@ def test_reduction_none_and_an_incoming_gradient(backend, small_blocks):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bf16_inputs(backend):
-    hidden, weight, targets = _data(40, 32, 300, ignored=(5,), dtype=torch.bfloat16, seed=5)
-    loss, gh, gw = _ours(hidden, weight, targets, backend=backend, chunk_size=16)
+@pytest.mark.parametrize("accumulate", ["weight", "float32"])
+def test_bf16_inputs(backend, accumulate):
+    """bf16 logits chunks (5 of 8 rows, the last short) overwritten in place by their gradient; grad_weight
+    accumulated over the chunks in bf16 (as Liger) or in float32."""
+    hidden, weight, targets = _data(37, 32, 300, ignored=(5,), dtype=torch.bfloat16, seed=5)
+    loss, gh, gw = _ours(hidden, weight, targets, backend=backend, chunk_size=8, accumulate=accumulate)
     assert (loss.dtype, gh.dtype, gw.dtype) == (torch.float32, torch.bfloat16, torch.bfloat16)
     ref = _reference(hidden, weight, targets)  # float32 maths on the same bf16 values
     for got, want in zip((loss, gh, gw), ref):
@@ -216,15 +219,15 @@ def test_opcheck(reduction):
     hidden, weight, targets = _data(6, 8, 11, ignored=(1,), seed=8)
     hidden.requires_grad_(), weight.requires_grad_()
     torch.library.opcheck(torch.ops.trainyard.fused_linear_cross_entropy.default,
-                          (hidden, weight, targets, -100, reduction, "eager", 4, 0.0))
+                          (hidden, weight, targets, -100, reduction, "eager", 4, 0.0, True))
     torch.library.opcheck(torch.ops.trainyard.fused_linear_cross_entropy.default,
-                          (hidden, weight, targets, -100, reduction, "eager", 4, 2.0))
+                          (hidden, weight, targets, -100, reduction, "eager", 4, 2.0, False))
 
 
 def test_opcheck_backward_op():
     hidden, weight, targets = _data(6, 8, 11, ignored=(1,), seed=9)
     torch.library.opcheck(torch.ops.trainyard.fused_linear_cross_entropy_backward.default,
-                          (hidden, weight, targets, torch.randn(6), -100, "eager", 4, 0.0))
+                          (hidden, weight, targets, torch.randn(6), -100, "eager", 4, 0.0, True))
 
 
 # ---- memory ------------------------------------------------------------------------------------------
@@ -250,6 +253,28 @@ def test_extra_peak_memory_is_a_fraction_of_eager():
     assert full >= 3 * n * v * 4  # what eager holds at its peak: logits, log-softmax, their gradient
     assert fused <= buffer + 2 * ce.chunk_size_for(h, n) * v * 4 + 2 * n * h * 4 + (1 << 20)
     assert fused <= full / 8, (fused, full)
+
+
+def test_bf16_grad_weight_in_the_weights_dtype_holds_half_the_memory():
+    """The eager path (what CPU runs; the Triton path allocates the same buffers) with bf16 inputs: with
+    accumulate="weight" the (V, H) buffer is bf16 and becomes weight.grad's increment without a cast; with
+    "float32" it is float32 and cast in the backward, 2 V H bytes more at least."""
+    n, h, v = 256, 128, 8000
+    hidden, weight, targets = _data(n, h, v, dtype=torch.bfloat16, seed=12)
+    hidden.requires_grad_(), weight.requires_grad_()
+    weight.grad = torch.zeros_like(weight)
+
+    def run(accumulate):
+        return cpu_peak_bytes(lambda: fused_linear_cross_entropy(hidden, weight, targets, backend="eager",
+                                                                 accumulate=accumulate).backward())
+
+    chunk = ce.chunk_size_for(h, n)
+    low, high = run("weight"), run("float32")
+    # bf16 buffer, one bf16 chunk and its float32 copy (the eager path's softmax), bf16 grad_hidden
+    assert low <= 2 * v * h + 6 * chunk * v + 2 * n * h + (1 << 20), low
+    assert high - low >= 2 * v * h, (low, high)
+    with pytest.raises(ValueError, match="accumulate='fp8'"):
+        fused_linear_cross_entropy(hidden, weight, targets, accumulate="fp8")
 
 
 # ---- vocabulary-parallel, 2 gloo processes -------------------------------------------------------------

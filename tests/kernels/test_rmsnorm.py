@@ -191,3 +191,17 @@ def test_rows_wider_than_the_kernel_take_the_reference_under_auto(monkeypatch, t
         rms_norm(x, w, EPS, backend="triton")
     with pytest.raises(ValueError, match="weight must be"):
         rms_norm(torch.randn(2, 3), torch.ones(4), EPS, backend="triton")
+
+
+@pytest.mark.parametrize("tuning", [{"fwd_rows": 4, "fwd_warps": 2}, {"fwd_rows": 2, "bwd_warps": 8, "bwd_waves": 2}])
+def test_other_launch_configurations_match_the_reference(monkeypatch, tuning):
+    """The configurations the GPU sweep tries (R.TUNING): several rows per forward program, with a short last
+    tile (7 rows in tiles of 4 or 2), other warps; 7 x 67 values and gradients against the reference."""
+    for key, value in tuning.items():
+        monkeypatch.setitem(R.TUNING, key, value)
+    assert R.config_for(67).fwd_rows == tuning["fwd_rows"]
+    x, w, dy = _inputs((7, 67), torch.float32)
+    got = _value_and_grads(lambda x, w: rms_norm(x, w, EPS, backend="triton"), x, w, dy)
+    want = _value_and_grads(lambda x, w: R.rms_norm_reference(x, w, EPS), x, w, dy)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)

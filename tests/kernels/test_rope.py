@@ -66,21 +66,48 @@ def values_and_grads(q, k, cos, sin, layout, backend, *, grad_dtype=None, seed=1
 # ---------------------------------------------------------------------------------------------- Triton vs eager
 
 
+@pytest.fixture(params=["joint", "separate"])
+def launch(request, monkeypatch):
+    """Both ways apply_rope launches: q and k in one kernel (trainyard::rope_qk, the default) and one launch
+    per tensor (trainyard::rope); the fixture counts the launches of the way it picked."""
+    joint = request.param == "joint"
+    monkeypatch.setitem(rope_module.TUNING, "joint", joint)
+    calls = []
+    name = "_launch_qk" if joint else "_launch"
+    original = getattr(rope_module, name)
+    monkeypatch.setattr(rope_module, name, lambda *a, **kw: calls.append(a) or original(*a, **kw))
+    return calls
+
+
 @needs_triton
 @pytest.mark.parametrize("layout", ["hf", "pairs"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_triton_matches_eager(interpret, layout, shape):
+def test_triton_matches_eager(interpret, layout, shape, launch):
     q, k, cos, sin = make(layout, *shape, table_rows=shape[1] + 3, per_batch=True)
     triton_out = values_and_grads(q, k, cos, sin, layout, "triton")
     eager_out = values_and_grads(q, k, cos, sin, layout, "eager")
     for name, got, want in zip(("q", "k", "dq", "dk"), triton_out, eager_out):
         assert got.shape == want.shape and got.dtype == want.dtype, name
         torch.testing.assert_close(got, want, **FP32, msg=lambda m: f"{name}: {m}")
+    # forward and backward: one launch each when joint, two each when separate
+    assert len(launch) == (2 if rope_module.config_for().joint else 4)
 
 
 @needs_triton
 @pytest.mark.parametrize("layout", ["hf", "pairs"])
-def test_triton_matches_eager_bf16(interpret, layout):
+def test_joint_kernel_tiles_many_heads(interpret, layout, monkeypatch):
+    """More heads than one tile holds (pairs 8 per tile: 2 heads of D = 8 at a time), q heads not a multiple of
+    the tile (5) and k a single head: the joint kernel's loops over head tiles, against eager."""
+    monkeypatch.setitem(rope_module.TUNING, "pairs", 8)
+    q, k, cos, sin = make(layout, 2, 3, 5, 1, 8, table_rows=4)
+    for got, want in zip(values_and_grads(q, k, cos, sin, layout, "triton"),
+                         values_and_grads(q, k, cos, sin, layout, "eager")):
+        torch.testing.assert_close(got, want, **FP32)
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", ["hf", "pairs"])
+def test_triton_matches_eager_bf16(interpret, layout, launch):
     q, k, cos, sin = make(layout, 2, 4, 4, 2, 16, dtype=torch.bfloat16)
     triton_out = values_and_grads(q, k, cos, sin, layout, "triton")
     eager_out = values_and_grads(q, k, cos, sin, layout, "eager")
@@ -155,7 +182,7 @@ def test_pairs_layout_matches_builtin_model(interpret, backend):
 
 @pytest.mark.parametrize("layout", ["hf", "pairs"])
 @pytest.mark.parametrize("backend", ["eager", pytest.param("triton", marks=needs_triton)])
-def test_gradcheck_float64(interpret, layout, backend):
+def test_gradcheck_float64(interpret, layout, backend, launch):
     q, k, cos, sin = make(layout, 1, 2, 2, 1, 6, dtype=torch.float64, table_rows=3, per_batch=True)
     q.requires_grad_()
     k.requires_grad_()
@@ -186,6 +213,16 @@ def test_opcheck(interpret, sample):
     torch.library.opcheck(torch.ops.trainyard.rope.default, (x.requires_grad_(), cos, sin, interleaved, inverse))
 
 
+@needs_triton
+@pytest.mark.parametrize("sample", range(3))
+def test_opcheck_joint(interpret, sample):
+    """trainyard::rope_qk with a k of other heads (GQA: 1 head) and other strides than q."""
+    x, cos, sin, interleaved, inverse = _op_samples()[sample]
+    k = torch.randn(x.shape[0], x.shape[1], 1, x.shape[3], generator=torch.Generator().manual_seed(1))
+    torch.library.opcheck(torch.ops.trainyard.rope_qk.default,
+                          (x.requires_grad_(), k.requires_grad_(), cos, sin, interleaved, inverse))
+
+
 # ---------------------------------------------------------------------------------------------- dispatch, errors
 
 
@@ -193,7 +230,8 @@ def test_eager_backend_and_plain_cpu_take_the_reference(monkeypatch):
     def no_kernel(*args):
         raise AssertionError("the Triton op ran")
 
-    monkeypatch.setattr(rope_module, "rope_op", no_kernel)
+    monkeypatch.setattr(rope_module, "_launch", no_kernel)
+    monkeypatch.setattr(rope_module, "_launch_qk", no_kernel)
     q, k, cos, sin = make("hf", 1, 2, 2, 1, 4)
     want = apply_rope(q, k, cos, sin, backend="eager")  # under the interpreter too
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -209,6 +247,8 @@ def test_op_refuses_cpu_without_interpreter(monkeypatch):
     x = torch.randn(1, 2, 1, 4)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         torch.ops.trainyard.rope(x, torch.ones(1, 2, 2), torch.zeros(1, 2, 2), True, False)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        torch.ops.trainyard.rope_qk(x, x, torch.ones(1, 2, 2), torch.zeros(1, 2, 2), True, False)
 
 
 def test_bad_arguments():

@@ -143,3 +143,16 @@ def test_which_implementation_runs(monkeypatch, triton_calls):
     with pytest.raises(ValueError, match="backend="):
         swiglu(a, b, backend="cuda")
     assert os.environ.get("TRITON_INTERPRET") is None
+
+
+@pytest.mark.parametrize("tuning", [{"fwd_block": 256, "fwd_warps": 2, "bwd_block": 512, "bwd_warps": 8},
+                                    {"fwd_block": 2048, "bwd_block": 128}])
+def test_other_launch_configurations_match_the_reference(monkeypatch, tuning):
+    """The block sizes and warps the GPU sweep tries (S.TUNING): 2500 elements, a masked tail in every case."""
+    for key, value in tuning.items():
+        monkeypatch.setitem(S.TUNING, key, value)
+    assert S.config_for().fwd_block == tuning["fwd_block"]
+    a, b, dout = _inputs((2500,), torch.float32)
+    got = _value_and_grads(swiglu, a, b, dout)
+    for g, r in zip(got, _value_and_grads(S.swiglu_reference, a, b, dout)):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)

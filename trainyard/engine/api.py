@@ -57,7 +57,8 @@ from trainyard.engine.distributed.parallelize import forward_backward as _forwar
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
 from trainyard.engine.models import float8
-from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, swap_kernels
+from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, describe_choices, plan_backends, swap_kernels
+from trainyard.kernels.auto import as_record
 from trainyard.engine.quiet import quiet
 from trainyard.engine.models.hf import weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
@@ -223,7 +224,10 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     "auto"/True; default off) swaps norms, MLPs, rotary embeddings and, without TP or PP, the loss for
     trainyard.kernels ops (models/fused.py); the model then returns `LMHidden`: take its loss with
     `te.lm_loss(output, targets)` (or read `output.logits`). `compile=True` runs each block's forward through
-    torch.compile (the first step then takes longer: the compilation).
+    torch.compile (the first step then takes longer: the compilation). `kernels="auto"` with `compile=True` on
+    CUDA first times each op, ours against torch.compile of its reference, at the model's shapes, and leaves to
+    inductor the ops where compile's is as fast (trainyard/kernels/auto.py); the choices are printed and kept
+    for the job's metrics (`layout.kernels`).
 
     `mixed_precision`: "bf16" (bf16 compute, fp32 master weights and gradient reduction), "fp16" (the same in
     float16, with dynamic loss scaling: `scaler(model)`), "float8" (torchao's FP8 Linear layers, the rest bf16;
@@ -259,10 +263,13 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     spec = resolve_spec(model, blocks=blocks, tp_plan=tp_plan)
     if spec.note and ctx.is_main:
         print(spec.note, flush=True)
+    choices = {}
     if backend is not None:
-        swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1)
+        choices, errors = plan_backends(model, backend, compile=compile, device=ctx.device, dtype=param_dtype)
+        swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1,
+                               backends={op: c.backend for op, c in choices.items()})
         if ctx.is_main:
-            print(f"kernels ({backend}): {swapped}", flush=True)
+            print(f"kernels ({backend}): {swapped}{describe_choices(backend, choices, errors)}", flush=True)
     # FP8 weights all-gathered by MiCS when it shards over several ranks (torchao's FSDP2 extension); not with CPU
     # offload, whose shards live in host memory
     fp8_all_gather = fp8 and dims.dp_shard > 1 and not par.cpu_offload
@@ -273,6 +280,7 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init, compile=compile)
+    result.kernels = as_record(choices)
     result.scaler = GradScaler(result.model.parameters, enabled=param_dtype == torch.float16, device=ctx.device)
     # without a precomputed scale torchao computes each weight's at its all-gather (one all-reduce per weight);
     # optimizer_step precomputes them all in one after each step. torchao keeps a precomputed scale until the

@@ -238,6 +238,8 @@ class Trainer:
                     row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
                 if first:
                     row["fingerprint"] = self.fingerprint
+                    if self.layout.kernels:  # each op's implementation (kernels=auto: measured under compile)
+                        row["kernels"] = self.layout.kernels
                     first = False
                 api.log_metrics(step, row)  # every rank: rank 0 writes it; a profiled run may end here
                 if termination.requested(self.ctx.device):

@@ -4,13 +4,15 @@ are never materialised in full.
     loss = cross_entropy(hidden @ weight.T, targets)    hidden (N, H) or (..., H), weight (V, H), targets (N,)
 
 Protocol. Tokens are processed in chunks of C rows. For each chunk the forward pass computes the chunk's
-logits (torch.matmul / cuBLAS), their log-softmax in float32, the loss of each row, and at once the gradient
-of the logits, (softmax - onehot(target)) * scale; from that it writes the chunk's rows of grad_hidden
-(dlogits @ weight) into a preallocated (N, H) buffer in hidden's dtype and accumulates grad_weight
-(dlogits.T @ hidden_chunk) into one (V, H) float32 buffer. The backward pass only scales the two stored
-gradients by the loss's incoming gradient (a no-op, and no (V, H) product, for `loss.backward()`).
-Liger-Kernel's FusedLinearCrossEntropy works the same way; like it, only the per-chunk softmax / loss /
-gradient of the logits is a Triton kernel, the three matmuls stay torch.matmul (cuBLAS on GPUs).
+logits (torch.matmul / cuBLAS) into one (C, V) buffer in hidden's dtype (bf16 for a bf16 model), reused by
+every chunk; the Triton row kernel reads them once for the row's max and sum of exponentials (float32) and
+once more to overwrite them, in place, with the gradient of the logits, (softmax - onehot(target)) * scale,
+rounded to that dtype. From that buffer it writes the chunk's rows of grad_hidden (dlogits @ weight) into a
+preallocated (N, H) buffer in hidden's dtype and accumulates grad_weight (dlogits.T @ hidden_chunk) in place
+into one (V, H) buffer. The backward pass only scales the two stored gradients by the loss's incoming
+gradient (a no-op, and no (V, H) product, for `loss.backward()`). Liger-Kernel's FusedLinearCrossEntropy
+works the same way; like it, only the per-chunk softmax / loss / gradient of the logits is a Triton kernel,
+the three matmuls stay torch.matmul (cuBLAS on GPUs).
 
     scale       mean: 1 / (number of rows whose target is not ignore_index); sum: 1
     ignored     rows with target == ignore_index have loss 0 and gradient 0, and are not counted in the
@@ -21,20 +23,35 @@ gradient of the logits is a Triton kernel, the three matmuls stay torch.matmul (
     dtypes      hidden and weight of one dtype (fp32, bf16, fp16, fp64); the softmax and the loss in
                 float32 (float64 for float64 inputs); the loss is returned in float32 (float64); bf16/fp16
                 logits' gradients are rounded to the input dtype before their two matmuls, as Liger does
+    grad_weight `accumulate="weight"` (the default): in the weight's dtype, as Liger-Kernel (bf16: each
+                chunk's product is summed in float32 by cuBLAS and rounded once into the buffer; the
+                backward hands the buffer over as the gradient, no copy); "float32": a float32 buffer
+                (float32-exact sums over the chunks) cast to the weight's dtype in the backward: for a bf16
+                head 2 V H bytes more while it is held, and one more V H-sized cast
 
-Chunk size (`chunk_size_for`): C = the largest power of two <= H / 4, at most N. A chunk's float32 logits
-then take C * V * 4 <= V * H bytes: at most a quarter of the (V, H) float32 gradient buffer the op holds
-anyway, so chunking adds at most 25% to the memory a fused op cannot avoid, whatever V and N; and the
-grad_weight accumulation, which reads and writes that buffer once per chunk (8 V H bytes for 6 C V H flops
-of matmuls), keeps an arithmetic intensity of 0.75 C = 0.19 H flops/byte (768 at H = 4096): compute-bound
-on an H100 (ridge ~300), where Liger's rule (chunk logits about the size of hidden: C = N H / V, 256 tokens
-for Llama 3 8B's 8k tokens) would read and write the 2 GiB float32 buffer 32 times (intensity 192).
-Llama 3 8B (H 4096, V 128256): C = 1024, 525 MB of float32 logits per chunk, against 4.2 GB (8k tokens)
-for the full logits.
+Memory above the inputs (bf16, "weight"): grad_weight 2 V H + one chunk's logits 2 C V + grad_hidden 2 N H
+bytes. Llama 3 8B's head (H 4096, V 128256) at 8192 tokens and C = 1024: 1,051 + 263 + 67 = 1,381 MB
+(Liger-Kernel's measured 1,183 MB: 1.17x); C = 512: 1,249 MB (1.06x). With "float32": 2,101 + 263 + 67 MB
+during the forward, and the bf16 cast on top in the backward (the 3,219 MB measured before it existed).
+
+Chunk size (`chunk_size_for`): C = the largest power of two <= H / 4, at most N (`TUNING["chunk_size"]`
+overrides it; bench/kernels_tune.py measures C in 256..2048). Why that size: grad_weight's accumulation reads
+and writes the (V, H) buffer once per chunk (4 V H bytes in bf16, 8 in float32) for 2 C V H flops, an
+arithmetic intensity of C / 2 (bf16; C / 4 float32) flops/byte: 512 at C = 1024, above an H100's ridge
+(~300 flops/byte), so the accumulation stays compute-bound; Liger's rule (chunk logits about the size of
+hidden: C = N H / V, 256 tokens for Llama 3 8B's 8k tokens) gives 128 (memory-bound: 32 passes over the
+buffer). The chunk's logits, 2 C V bytes in bf16, are then at most half of the bf16 buffer (a quarter of the
+float32 one) whatever V and N.
 
 Soft-capping (`softcap=c`, Gemma 2/3's `final_logit_softcapping`): each chunk's logits are replaced by
 c * tanh(z / c) before the row losses, and the gradient of the logits is multiplied by 1 - tanh(z / c)^2
 before the matmuls; one more (C, V) float32 buffer per chunk.
+
+Registered once, as a custom op (opaque to torch.compile), on every device, unlike the other ops (which
+have a triton_op for CUDA, dispatch.register): its body is three cuBLAS matmuls per chunk around one row
+kernel, writing into buffers it reuses in place; traced into inductor's graph the in-place reuse would be
+functionalised (a copy of the logits buffer per chunk) for nothing to fuse (the loss sits after the model's
+last block, outside its compiled regions).
 
 Which implementation runs is `dispatch.choose(backend, hidden)`: "triton" (CUDA, or CPU under
 TRITON_INTERPRET=1) runs `_ce_rows_kernel` per chunk; "eager" (the chunked eager mode: what CPU runs without
@@ -61,6 +78,11 @@ except ImportError:  # optional dependency: without it every call takes the eage
     triton = tl = None
 
 REDUCTIONS = ("mean", "sum", "none")
+ACCUMULATE = ("weight", "float32")
+# Overrides of the defaults (the GPU sweep, bench/kernels_tune.py, sets them): "chunk_size" (tokens per chunk,
+# instead of chunk_size_for), "accumulate" ("weight" or "float32"), "warps" (of the row kernel, instead of
+# the width rule). Empty: the defaults.
+TUNING: dict = {}
 # The Triton kernel walks a row of V logits in blocks of at most this many columns (Liger-Kernel's
 # MAX_FUSED_SIZE, 65536 // 2); a module attribute so that tests can make V span several blocks.
 MAX_BLOCK = 32768
@@ -68,7 +90,8 @@ MAX_BLOCK = 32768
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                                ignore_index: int = -100, reduction: str = "mean", backend: str = "auto",
-                               chunk_size: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                               chunk_size: int | None = None, softcap: float | None = None,
+                               accumulate: str | None = None) -> torch.Tensor:
     """`F.cross_entropy(F.linear(hidden, weight), targets, ignore_index=..., reduction=...)` without the
     full logits (see the module docstring). `softcap` c: the logits are soft-capped first, c * tanh(z / c)
     (Gemma 2 and 3's final-logit soft-capping).
@@ -76,21 +99,30 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     hidden (..., H), weight (V, H) (the LM head, no bias), targets of hidden.shape[:-1] (int64).
     Returns a float32 scalar for "mean"/"sum", float32 of targets' shape for "none".
     backend: "auto" (Triton where it runs, else the chunked eager path), "triton" or "eager".
-    chunk_size: tokens per chunk; default `chunk_size_for(H, N)`.
+    chunk_size: tokens per chunk; default `TUNING["chunk_size"]`, else `chunk_size_for(H, N)`.
+    accumulate: the dtype grad_weight is accumulated in over the chunks: "weight" (the weight's own dtype,
+    as Liger-Kernel: a bf16 head gets a bf16 (V, H) buffer, rounded once per chunk) or "float32" (float32,
+    float64 for float64, then cast to the weight's dtype in the backward: exact to float32, 2x (bf16) the
+    memory); default `TUNING["accumulate"]`, else "weight". For float32/float64 weights both are the same.
     """
     h2, t1 = _flatten(hidden, weight, targets, reduction)
     if softcap is not None and not softcap > 0:
         raise ValueError(f"fused_linear_cross_entropy: softcap must be > 0 (or None), got {softcap!r}")
+    accumulate = accumulate or TUNING.get("accumulate", "weight")
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"fused_linear_cross_entropy: accumulate={accumulate!r}: use one of {', '.join(ACCUMULATE)}")
     impl = dispatch.choose(backend, hidden)
-    chunk = chunk_size or chunk_size_for(h2.shape[1], h2.shape[0])
+    chunk = chunk_size or TUNING.get("chunk_size") or chunk_size_for(h2.shape[1], h2.shape[0])
     loss, _, _ = torch.ops.trainyard.fused_linear_cross_entropy(h2, weight, t1, ignore_index, reduction, impl,
-                                                                chunk, float(softcap or 0.0))
+                                                                chunk, float(softcap or 0.0),
+                                                                accumulate == "weight")
     return loss.view(targets.shape) if reduction == "none" else loss
 
 
 def chunk_size_for(hidden_size: int, tokens: int) -> int:
     """Tokens per chunk: the largest power of two <= hidden_size / 4, at most `tokens` (the module docstring
-    says why: a chunk's float32 logits stay <= a quarter of the (V, H) float32 gradient buffer)."""
+    says why: grad_weight's accumulation stays compute-bound, and a chunk's logits stay <= half of the (V, H)
+    gradient buffer in the same dtype)."""
     c = 1 << max(0, (max(1, hidden_size // 4)).bit_length() - 1)
     return max(1, min(c, tokens))
 
@@ -118,57 +150,69 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _grad_weight_dtype(weight_dtype: torch.dtype, in_weight_dtype: bool) -> torch.dtype:
+    """grad_weight's accumulation dtype: the weight's own (`accumulate="weight"`) or the math dtype."""
+    return weight_dtype if in_weight_dtype else _math_dtype(weight_dtype)
+
+
 # ---- the custom ops ------------------------------------------------------------------------------------
 
 @torch.library.custom_op("trainyard::fused_linear_cross_entropy", mutates_args=())
 def _flce_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
-             reduction: str, backend: str, chunk_size: int,
-             softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             reduction: str, backend: str, chunk_size: int, softcap: float,
+             in_weight_dtype: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, grad_hidden, grad_weight): the loss as reduced, and for "mean"/"sum" the gradients of that
-    loss ((N, H) in hidden's dtype, (V, H) float32; empty for "none"), saved for the backward. softcap 0: none."""
+    loss ((N, H) in hidden's dtype, (V, H) in weight's dtype when `in_weight_dtype`, else float32; empty for
+    "none"), saved for the backward. softcap 0: none."""
+    gdtype = _grad_weight_dtype(weight.dtype, in_weight_dtype)
     if reduction == "none":
         rows, _, _ = _chunked(hidden, weight, targets, None, ignore_index, backend, chunk_size, softcap)
-        return rows, hidden.new_empty(0), hidden.new_empty(0, dtype=_math_dtype(weight.dtype))
+        return rows, hidden.new_empty(0), hidden.new_empty(0, dtype=gdtype)
     count = (targets != ignore_index).sum()
     scale = 1.0 / count.clamp(min=1).to(_math_dtype(hidden.dtype)) if reduction == "mean" \
         else torch.ones((), dtype=_math_dtype(hidden.dtype), device=hidden.device)
     rows, grad_hidden, grad_weight = _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk_size,
-                                              softcap)
+                                              softcap, gdtype)
     loss = rows.sum()
     return (loss / count if reduction == "mean" else loss), grad_hidden, grad_weight
 
 
 @_flce_op.register_fake
-def _(hidden, weight, targets, ignore_index, reduction, backend, chunk_size, softcap):
+def _(hidden, weight, targets, ignore_index, reduction, backend, chunk_size, softcap, in_weight_dtype):
     math = _math_dtype(hidden.dtype)
+    gdtype = _grad_weight_dtype(weight.dtype, in_weight_dtype)
     if reduction == "none":
-        return hidden.new_empty(hidden.shape[0], dtype=math), hidden.new_empty(0), hidden.new_empty(0, dtype=math)
-    return hidden.new_empty((), dtype=math), hidden.new_empty(hidden.shape), weight.new_empty(weight.shape, dtype=math)
+        return hidden.new_empty(hidden.shape[0], dtype=math), hidden.new_empty(0), hidden.new_empty(0, dtype=gdtype)
+    return hidden.new_empty((), dtype=math), hidden.new_empty(hidden.shape), weight.new_empty(weight.shape,
+                                                                                              dtype=gdtype)
 
 
 @torch.library.custom_op("trainyard::fused_linear_cross_entropy_backward", mutates_args=())
 def _flce_backward_op(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, grad_rows: torch.Tensor,
-                      ignore_index: int, backend: str, chunk_size: int,
-                      softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden, grad_weight float32) of sum(grad_rows * row_losses): reduction="none"'s backward."""
+                      ignore_index: int, backend: str, chunk_size: int, softcap: float,
+                      in_weight_dtype: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_hidden, grad_weight) of sum(grad_rows * row_losses): reduction="none"'s backward; grad_weight
+    in weight's dtype when `in_weight_dtype`, else float32."""
     _, grad_hidden, grad_weight = _chunked(hidden, weight, targets, grad_rows.to(_math_dtype(hidden.dtype)),
-                                           ignore_index, backend, chunk_size, softcap)
+                                           ignore_index, backend, chunk_size, softcap,
+                                           _grad_weight_dtype(weight.dtype, in_weight_dtype))
     return grad_hidden, grad_weight
 
 
 @_flce_backward_op.register_fake
-def _(hidden, weight, targets, grad_rows, ignore_index, backend, chunk_size, softcap):
-    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape, dtype=_math_dtype(weight.dtype))
+def _(hidden, weight, targets, grad_rows, ignore_index, backend, chunk_size, softcap, in_weight_dtype):
+    return hidden.new_empty(hidden.shape), weight.new_empty(weight.shape,
+                                                            dtype=_grad_weight_dtype(weight.dtype, in_weight_dtype))
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, targets, ignore_index, reduction, backend, chunk_size, softcap = inputs
+    hidden, weight, targets, ignore_index, reduction, backend, chunk_size, softcap, in_weight_dtype = inputs
     _, grad_hidden, grad_weight = output
     ctx.mark_non_differentiable(grad_hidden, grad_weight)
     ctx.set_materialize_grads(False)  # else backward would get (V, H) zeros for the unused outputs
     ctx.reduction, ctx.weight_dtype = reduction, weight.dtype
     if reduction == "none":
-        ctx.args = (ignore_index, backend, chunk_size, softcap)
+        ctx.args = (ignore_index, backend, chunk_size, softcap, in_weight_dtype)
         ctx.save_for_backward(hidden, weight, targets)
     else:
         ctx.save_for_backward(grad_hidden, grad_weight)
@@ -176,15 +220,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_loss, _grad_hidden, _grad_weight):
     if grad_loss is None:
-        return None, None, None, None, None, None, None, None
+        return (None,) * 9
     if ctx.reduction == "none":
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden, grad_weight = torch.ops.trainyard.fused_linear_cross_entropy_backward(
             hidden, weight, targets, grad_loss, *ctx.args)
-        return grad_hidden, grad_weight.to(ctx.weight_dtype), None, None, None, None, None, None
+        return (grad_hidden, grad_weight.to(ctx.weight_dtype)) + (None,) * 7
     grad_hidden, grad_weight = ctx.saved_tensors
-    return _scaled(grad_hidden, grad_loss), _scaled(grad_weight, grad_loss, ctx.weight_dtype), \
-        None, None, None, None, None, None
+    return (_scaled(grad_hidden, grad_loss), _scaled(grad_weight, grad_loss, ctx.weight_dtype)) + (None,) * 7
 
 
 _flce_op.register_autograd(_backward, setup_context=_setup_context)
@@ -207,9 +250,10 @@ def _scaled(grad: torch.Tensor, grad_loss: torch.Tensor, dtype: torch.dtype | No
 
 # ---- the chunked loop (both backends) ------------------------------------------------------------------
 
-def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk, softcap=0.0):
+def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk, softcap=0.0, grad_weight_dtype=None):
     """Row losses (N,), and when `scale` is given (a 0-d tensor, or (N,) per-row factors) the gradients of
-    sum(scale * row_losses): grad_hidden (N, H) in hidden's dtype and grad_weight (V, H) in float32. With
+    sum(scale * row_losses): grad_hidden (N, H) in hidden's dtype and grad_weight (V, H) in
+    `grad_weight_dtype` (default the math dtype, float32), accumulated in place over the chunks. With
     `softcap` c > 0 each chunk's logits z become c * tanh(z / c) before the loss, and their gradient is
     multiplied by the cap's derivative, 1 - tanh(z / c)^2, before the two matmuls."""
     n, h = hidden.shape
@@ -218,7 +262,7 @@ def _chunked(hidden, weight, targets, scale, ignore_index, backend, chunk, softc
     grads = scale is not None
     rows = torch.empty(n, dtype=math, device=hidden.device)
     grad_hidden = hidden.new_empty(hidden.shape) if grads else None  # contiguous: chunks are written with out=
-    grad_weight = torch.zeros((v, h), dtype=math, device=hidden.device) if grads else None
+    grad_weight = torch.zeros((v, h), dtype=grad_weight_dtype or math, device=hidden.device) if grads else None
     chunk = max(1, min(chunk, n))
     # one chunk's logits, reused by every chunk (on CPU a fresh buffer per chunk costs a page-faulting mmap);
     # the eager path of bf16/fp16 inputs also keeps a float32 copy for the softmax
@@ -276,7 +320,8 @@ def _rows_eager(logits, targets, scale, ignore_index):
 
 
 def _accumulate(grad_weight, dlogits, dmath, h_c):
-    """grad_weight (V, H float32) += dlogits.T @ h_c, accumulated in float32."""
+    """grad_weight (V, H) += dlogits.T @ h_c, in place: one addmm in the operands' dtype when grad_weight has
+    it (bf16 into a bf16 buffer: cuBLAS sums each product in float32 and rounds once), else into float32."""
     if dlogits.dtype == grad_weight.dtype:
         grad_weight.addmm_(dlogits.t(), h_c)
     elif dlogits.is_cuda and _mixed_addmm_works(dlogits.device):  # bf16 operands, fp32 output (cuBLAS)
@@ -306,7 +351,7 @@ def _rows_triton(logits, targets, scale, ignore_index):
     losses = torch.empty(c, dtype=_math_dtype(logits.dtype), device=logits.device)
     block = min(MAX_BLOCK, triton.next_power_of_2(v))
     # warps as Liger-Kernel's calculate_settings: 4 up to 2048 columns, 8 to 8192, 16 to 32768, then 32
-    warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    warps = TUNING.get("warps") or (32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4)
     grads = scale is not None
     scale_arg = scale if grads else losses  # unread when GRAD is off
     with _device(logits):

@@ -25,19 +25,28 @@ them in the model's dtype, the built-in model in float32). The math is float32 (
 so that gradcheck works); outputs are in the input's dtype. The tables get no gradient: apply_rope refuses
 tables that require one.
 
-Backends (dispatch.py): "triton" runs the custom op `torch.ops.trainyard.rope` (registered fake, autograd:
-the gradient of a rotation is the rotation by the negative angle, so the backward is the same kernel with
-sin negated, and it saves only cos and sin, never q or k); "eager" runs `rope_reference`, plain PyTorch ops
-differentiated by autograd. Both return new tensors; nothing is rotated in place (see `rope_op`).
+Backends (dispatch.py): "triton" runs the op `trainyard::rope_qk` (q and k in one launch; `trainyard::rope`,
+one tensor a launch, when `Config.joint` is off or q and k differ in dtype), with a fake implementation and an
+autograd formula: the gradient of a rotation is the rotation by the negative angle, so the backward is the
+same kernel with sin negated, one launch for dq and dk, and it saves only cos and sin, never q or k. "eager"
+runs `rope_reference`, plain PyTorch ops differentiated by autograd. Both return new tensors; nothing is
+rotated in place (see `_rope_impl`). Each op is registered twice (dispatch.register): the custom op
+(`trainyard::rope_qk`, opaque to torch.compile; the interpreter's) and the triton_op
+(`trainyard::rope_qk_traceable`: torch.compile sees the kernel; CUDA's).
 
-Kernel: grid (batch * seq, cdiv(heads, BLOCK_H)); a program loads its position's cos and sin row once and
-turns a (BLOCK_H heads, BLOCK_P pairs) tile with them, BLOCK_P = next_power_of_2(D/2) (masked past D/2),
-BLOCK_H = min(next_power_of_2(heads), max(1, 2048 // BLOCK_P)) (masked past heads): all heads of a position in
-one program for Llama's shapes (32 heads of D = 128). Any strides are accepted (the HF layout is passed as a
-transposed view, no copy); offsets are int64.
+Kernels (launch configuration: `config_for()`, `Config`; `TUNING` overrides its defaults):
+    joint (default)  grid (batch * seq,): a program loads its position's cos and sin row once and turns all
+                     q heads, then all k heads, of that position, in (BLOCK_HQ, BLOCK_P) and (BLOCK_HK,
+                     BLOCK_P) tiles: BLOCK_P = next_power_of_2(D/2) (masked past D/2), BLOCK_HQ =
+                     min(next_power_of_2(q heads), max(1, pairs // BLOCK_P)) (masked past the heads), BLOCK_HK
+                     the same for k: one tile each for Llama's shapes (32 q and 8 k heads of D = 128).
+    one tensor       grid (batch * seq, cdiv(heads, BLOCK_H)), BLOCK_H as BLOCK_HQ: the same per tensor;
+                     cos and sin are read once per tensor.
+Any strides are accepted (the HF layout is passed as transposed views, no copy); offsets are int64.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -82,8 +91,8 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, int
 
 
 # Kept undecorated: `triton.jit` decides at decoration time between the compiler and the interpreter
-# (TRITON_INTERPRET), so `_kernel` decorates it on first use, for the mode of that moment, rather than at
-# import time (a test process may set TRITON_INTERPRET after something imported this module).
+# (TRITON_INTERPRET), so `dispatch.launcher` decorates it on first use, for the mode of that moment, rather than
+# at import time (a test process may set TRITON_INTERPRET after something imported this module).
 def _rope_kernel(
     x_ptr, out_ptr, cos_ptr, sin_ptr,
     seq, heads, half,
@@ -91,9 +100,10 @@ def _rope_kernel(
     so_b, so_s, so_h, so_d,  # strides of out, same view
     sc_b, sc_s, sc_p,  # strides of cos, viewed as (batch, seq, D/2)
     ss_b, ss_s, ss_p,  # strides of sin, same view
-    INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, COMPUTE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, F64: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
+    COMPUTE = tl.float64 if F64 else tl.float32
     row = tl.program_id(0).to(tl.int64)  # batch * seq + position; int64 so offsets cannot overflow
     b = row // seq
     s = row % seq
@@ -121,35 +131,135 @@ def _rope_kernel(
     tl.store(o_row + second[None, :] * so_d, o2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def _rope_qk_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr,
+    seq, q_heads, k_heads, half,
+    sq_b, sq_s, sq_h, sq_d,  # strides of q, viewed as (batch, seq, heads, D)
+    sk_b, sk_s, sk_h, sk_d,  # of k
+    sqo_b, sqo_s, sqo_h, sqo_d,  # of q's output
+    sko_b, sko_s, sko_h, sko_d,  # of k's output
+    sc_b, sc_s, sc_p,  # strides of cos, viewed as (batch, seq, D/2)
+    ss_b, ss_s, ss_p,  # strides of sin, same view
+    INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, F64: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """One program per (batch, position): its cos and sin row loaded once, then every q head and every k head
+    of that position turned with them, BLOCK_HQ (BLOCK_HK) heads at a time."""
+    COMPUTE = tl.float64 if F64 else tl.float32
+    row = tl.program_id(0).to(tl.int64)  # batch * seq + position; int64 so offsets cannot overflow
+    b = row // seq
+    s = row % seq
+    ps = tl.arange(0, BLOCK_P)
+    p_ok = ps < half
+    c = tl.load(cos_ptr + b * sc_b + s * sc_s + ps * sc_p, mask=p_ok, other=0.0).to(COMPUTE)[None, :]
+    sn = tl.load(sin_ptr + b * ss_b + s * ss_s + ps * ss_p, mask=p_ok, other=0.0).to(COMPUTE)[None, :]
+    if INVERSE:
+        sn = -sn
+    if INTERLEAVED:
+        first = 2 * ps
+        second = first + 1
+    else:
+        first = ps
+        second = ps + half
+    for h0 in range(0, q_heads, BLOCK_HQ):
+        hs = h0 + tl.arange(0, BLOCK_HQ)
+        mask = (hs[:, None] < q_heads) & p_ok[None, :]
+        x_row = q_ptr + b * sq_b + s * sq_s + hs[:, None] * sq_h
+        x1 = tl.load(x_row + first[None, :] * sq_d, mask=mask, other=0.0).to(COMPUTE)
+        x2 = tl.load(x_row + second[None, :] * sq_d, mask=mask, other=0.0).to(COMPUTE)
+        o_row = qo_ptr + b * sqo_b + s * sqo_s + hs[:, None] * sqo_h
+        tl.store(o_row + first[None, :] * sqo_d, (x1 * c - x2 * sn).to(qo_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_row + second[None, :] * sqo_d, (x2 * c + x1 * sn).to(qo_ptr.dtype.element_ty), mask=mask)
+    for h0 in range(0, k_heads, BLOCK_HK):
+        hs = h0 + tl.arange(0, BLOCK_HK)
+        mask = (hs[:, None] < k_heads) & p_ok[None, :]
+        x_row = k_ptr + b * sk_b + s * sk_s + hs[:, None] * sk_h
+        x1 = tl.load(x_row + first[None, :] * sk_d, mask=mask, other=0.0).to(COMPUTE)
+        x2 = tl.load(x_row + second[None, :] * sk_d, mask=mask, other=0.0).to(COMPUTE)
+        o_row = ko_ptr + b * sko_b + s * sko_s + hs[:, None] * sko_h
+        tl.store(o_row + first[None, :] * sko_d, (x1 * c - x2 * sn).to(ko_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_row + second[None, :] * sko_d, (x2 * c + x1 * sn).to(ko_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class Config:
+    """How apply_rope launches (`config_for`).
+
+    joint       one launch for q and k (`trainyard::rope_qk`: a program per position rotates all q and all
+                k heads with one read of cos and sin), else one launch each (`trainyard::rope`)
+    pairs       at most this many pairs (heads x D/2) per head tile of a program
+    warps       warps per program
+    """
+
+    joint: bool = True
+    pairs: int = _PAIRS_PER_PROGRAM
+    warps: int = 4
+
+
+# Overrides of Config's defaults, by field (the GPU sweep, bench/kernels_tune.py, sets it; empty: defaults).
+TUNING: dict = {}
+
+
+def config_for() -> Config:
+    return replace(Config(), **TUNING)
+
+
+def _tables_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """Strides of a (batch or 1, seq, D/2) table; a table shared by the batch (first dimension 1) is read with
+    batch stride 0."""
+    return (t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2))
+
+
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, *, interleaved: bool,
             inverse: bool) -> None:
     batch, seq, heads, dim = x.shape
     if x.numel() == 0:
         return
+    cfg = config_for()
     half = dim // 2
     block_p = triton.next_power_of_2(half)
-    block_h = min(triton.next_power_of_2(heads), max(1, _PAIRS_PER_PROGRAM // block_p))
+    block_h = min(triton.next_power_of_2(heads), max(1, cfg.pairs // block_p))
     grid = (batch * seq, triton.cdiv(heads, block_h))
-    # Tables shared by the batch (first dimension 1) are read with batch stride 0.
-    c_strides = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
-    s_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
     # Triton launches on the current CUDA device: make it x's.
     with dispatch.on_device(x):
-        dispatch.jit(_rope_kernel)[grid](
+        dispatch.launcher(_rope_kernel)[grid](
             x, out, cos, sin,
             seq, heads, half,
-            *x.stride(), *out.stride(), *c_strides, *s_strides,
-            INTERLEAVED=interleaved, INVERSE=inverse,
-            COMPUTE=tl.float64 if x.dtype == torch.float64 else tl.float32,
-            BLOCK_H=block_h, BLOCK_P=block_p,
+            *x.stride(), *out.stride(), *_tables_strides(cos), *_tables_strides(sin),
+            INTERLEAVED=interleaved, INVERSE=inverse, F64=x.dtype == torch.float64,
+            BLOCK_H=block_h, BLOCK_P=block_p, num_warps=cfg.warps,
         )
 
 
-# ---------------------------------------------------------------------------------------------- custom op
+def _launch_qk(q, k, cos, sin, q_out, k_out, *, interleaved: bool, inverse: bool) -> None:
+    batch, seq, q_heads, dim = q.shape
+    k_heads = k.shape[2]
+    if batch * seq == 0:
+        return
+    cfg = config_for()
+    half = dim // 2
+    block_p = triton.next_power_of_2(half)
+    per_tile = max(1, cfg.pairs // block_p)
+    with dispatch.on_device(q):
+        dispatch.launcher(_rope_qk_kernel)[(batch * seq,)](
+            q, k, q_out, k_out, cos, sin,
+            seq, q_heads, k_heads, half,
+            *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(), *_tables_strides(cos),
+            *_tables_strides(sin),
+            INTERLEAVED=interleaved, INVERSE=inverse, F64=q.dtype == torch.float64,
+            BLOCK_HQ=min(triton.next_power_of_2(max(1, q_heads)), per_tile),
+            BLOCK_HK=min(triton.next_power_of_2(max(1, k_heads)), per_tile),
+            BLOCK_P=block_p, num_warps=cfg.warps,
+        )
 
 
-@torch.library.custom_op("trainyard::rope", mutates_args=())
-def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, inverse: bool) -> torch.Tensor:
+# ---------------------------------------------------------------------------------------------- custom ops
+# Each op twice (dispatch.register): trainyard::rope / rope_qk (custom ops, opaque; the interpreter's) and
+# trainyard::rope_traceable / rope_qk_traceable (triton_op: torch.compile sees the kernel; CUDA's).
+
+
+def _rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+               inverse: bool) -> torch.Tensor:
     """The Triton kernel as a torch op: x (batch, seq, heads, D), any strides; cos and sin (batch or 1, >= seq,
     D/2). Rotates by the angle, or by its negative when `inverse` (which is the backward).
 
@@ -166,10 +276,25 @@ def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
     return out
 
 
-@rope_op.register_fake
 def _rope_fake(x, cos, sin, interleaved, inverse):
     _check_op_args(x, cos, sin)
     return torch.empty_like(x)
+
+
+def _rope_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                  inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated in one launch (`_rope_qk_kernel`): q (batch, seq, q heads, D), k (batch, seq, k heads,
+    D), any strides, the same batch, seq and D; cos and sin as `trainyard::rope`'s. New tensors, as there."""
+    dispatch.choose("triton", q)
+    _check_qk_args(q, k, cos, sin)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _launch_qk(q, k, cos, sin, q_out, k_out, interleaved=interleaved, inverse=inverse)
+    return q_out, k_out
+
+
+def _rope_qk_fake(q, k, cos, sin, interleaved, inverse):
+    _check_qk_args(q, k, cos, sin)
+    return torch.empty_like(q), torch.empty_like(k)
 
 
 def _check_op_args(x, cos, sin):
@@ -178,6 +303,14 @@ def _check_op_args(x, cos, sin):
     if not (ok and cos.shape[0] in (1, x.shape[0]) and cos.shape[1] >= x.shape[1] and cos.shape[2] == x.shape[3] // 2):
         raise ValueError(f"trainyard::rope: x must be (batch, seq, heads, even D) and cos, sin (batch or 1, >= seq, "
                          f"D/2); got {tuple(x.shape)}, {tuple(cos.shape)}, {tuple(sin.shape)}")
+
+
+def _check_qk_args(q, k, cos, sin):
+    _check_op_args(q, cos, sin)
+    if k.dim() != 4 or k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3] \
+            or k.dtype != q.dtype or k.device != q.device:
+        raise ValueError(f"trainyard::rope_qk: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must "
+                         "share batch, seq, head_dim, dtype and device (batch, seq, heads, D)")
 
 
 def _rope_setup_context(ctx, inputs, output):
@@ -191,10 +324,26 @@ def _rope_backward(ctx, grad):
     # whatever the table values (also tables scaled by HF's attention_scaling, which are no pure rotation).
     # Calling the op (not the kernel) keeps double backward differentiable too.
     cos, sin = ctx.saved_tensors
-    return torch.ops.trainyard.rope(grad, cos, sin, ctx.interleaved, not ctx.inverse), None, None, None, None
+    return OPS.pick(grad)(grad, cos, sin, ctx.interleaved, not ctx.inverse), None, None, None, None
 
 
-rope_op.register_autograd(_rope_backward, setup_context=_rope_setup_context)
+def _rope_qk_setup_context(ctx, inputs, output):
+    _, _, cos, sin, interleaved, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved, ctx.inverse = interleaved, inverse
+
+
+def _rope_qk_backward(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors  # as _rope_backward: the same rotation by the negative angle, both at once
+    dq, dk = QK_OPS.pick(grad_q)(grad_q, grad_k, cos, sin, ctx.interleaved, not ctx.inverse)
+    return dq, dk, None, None, None, None
+
+
+OPS = dispatch.register("rope", _rope_impl, fake=_rope_fake, autograd=_rope_backward,
+                        setup_context=_rope_setup_context)
+QK_OPS = dispatch.register("rope_qk", _rope_qk_impl, fake=_rope_qk_fake, autograd=_rope_qk_backward,
+                           setup_context=_rope_qk_setup_context)
+rope_op = OPS.opaque  # trainyard::rope (tests and callers that want the one-tensor op itself)
 
 
 # ---------------------------------------------------------------------------------------------- public function
@@ -248,9 +397,11 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         heads_dim = 2 if seq_dim == 1 else 1
         c, s = cos.unsqueeze(heads_dim), sin.unsqueeze(heads_dim)
         return rope_reference(q, c, s, interleaved=interleaved), rope_reference(k, c, s, interleaved=interleaved)
-    if seq_dim == 1:
-        return rope_op(q, cos, sin, interleaved, False), rope_op(k, cos, sin, interleaved, False)
-    # The kernel sees (batch, seq, heads, D): the HF tensors go in as transposed views, no copy.
-    q_out = rope_op(q.transpose(1, 2), cos, sin, interleaved, False).transpose(1, 2)
-    k_out = rope_op(k.transpose(1, 2), cos, sin, interleaved, False).transpose(1, 2)
-    return q_out, k_out
+    # The kernels see (batch, seq, heads, D): the HF tensors go in as transposed views, no copy.
+    qv, kv = (q, k) if seq_dim == 1 else (q.transpose(1, 2), k.transpose(1, 2))
+    if config_for().joint and q.dtype == k.dtype:
+        q_out, k_out = QK_OPS.pick(q)(qv, kv, cos, sin, interleaved, False)
+    else:
+        one = OPS.pick(q)
+        q_out, k_out = one(qv, cos, sin, interleaved, False), one(kv, cos, sin, interleaved, False)
+    return (q_out, k_out) if seq_dim == 1 else (q_out.transpose(1, 2), k_out.transpose(1, 2))

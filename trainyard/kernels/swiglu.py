@@ -11,11 +11,17 @@ product, as the eager `F.silu(a) * b` rounds it, so bf16/fp16 results match the 
 Which implementation runs is `dispatch.choose(backend, a)`: the Triton kernels below (CUDA, or CPU under
 TRITON_INTERPRET=1) through the custom op, or `swiglu_reference` (plain PyTorch, autograd by torch).
 
-Triton kernels: elementwise over the flattened inputs, BLOCK = 1024 elements per program (masked tail),
-int64 offsets; the forward and the backward (da and db in one pass) are separate kernels.
+Triton kernels: elementwise over the flattened inputs, int64 offsets; the forward and the backward (da and
+db in one pass, each input read once) are separate kernels. Elements per program and warps: `config_for()`
+(default BLOCK = 1024 and 4 warps for both; `TUNING` overrides them, as the GPU sweep does).
+
+Registered twice (dispatch.register): `trainyard::swiglu` / `swiglu_backward` (custom ops, opaque to
+torch.compile; the interpreter's) and `trainyard::swiglu_traceable` / `swiglu_backward_traceable`
+(triton_op: torch.compile sees the kernels; CUDA's).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +48,7 @@ def swiglu(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.
     if a.shape != b.shape or a.device != b.device:
         raise ValueError(f"swiglu: a {tuple(a.shape)} on {a.device} and b {tuple(b.shape)} on {b.device}: the "
                          "kernel takes two tensors of the same shape on the same device (no broadcasting)")
-    return torch.ops.trainyard.swiglu(a, b)
+    return OPS.pick(a)(a, b)
 
 
 def swiglu_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -51,25 +57,23 @@ def swiglu_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # ---- the custom ops -------------------------------------------------------------------------------------
+# Each op twice (dispatch.register): trainyard::swiglu (custom_op, opaque; the interpreter's) and
+# trainyard::swiglu_traceable (triton_op: torch.compile sees its kernels; CUDA's).
 
-@torch.library.custom_op("trainyard::swiglu", mutates_args=())
-def _swiglu_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _swiglu_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _forward_triton(a, b)
 
 
-@_swiglu_op.register_fake
-def _(a, b):
+def _swiglu_fake(a, b):
     return a.new_empty(a.shape, dtype=torch.promote_types(a.dtype, b.dtype))
 
 
-@torch.library.custom_op("trainyard::swiglu_backward", mutates_args=())
-def _swiglu_backward_op(dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _swiglu_backward_impl(dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) of `trainyard::swiglu` from the output gradient."""
     return _backward_triton(dout, a, b)
 
 
-@_swiglu_backward_op.register_fake
-def _(dout, a, b):
+def _swiglu_backward_fake(dout, a, b):
     return torch.empty_like(a), torch.empty_like(b)
 
 
@@ -79,10 +83,31 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout):
     a, b = ctx.saved_tensors
-    return torch.ops.trainyard.swiglu_backward(dout, a, b)
+    return BACKWARD_OPS.pick(a)(dout, a, b)
 
 
-_swiglu_op.register_autograd(_backward, setup_context=_setup_context)
+BACKWARD_OPS = dispatch.register("swiglu_backward", _swiglu_backward_impl, fake=_swiglu_backward_fake)
+OPS = dispatch.register("swiglu", _swiglu_impl, fake=_swiglu_fake, autograd=_backward, setup_context=_setup_context)
+
+
+# ---- configurations ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    """Elements per program and warps, forward and backward (`config_for`)."""
+
+    fwd_block: int = BLOCK
+    fwd_warps: int = 4
+    bwd_block: int = BLOCK
+    bwd_warps: int = 4
+
+
+# Overrides of Config's defaults, by field (the GPU sweep, bench/kernels_tune.py, sets it; empty: defaults).
+TUNING: dict = {}
+
+
+def config_for() -> Config:
+    return replace(Config(), **TUNING)
 
 
 # ---- launching the Triton kernels -------------------------------------------------------------------------
@@ -92,9 +117,10 @@ def _forward_triton(a, b):
     out = torch.empty(a.shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     n = a.numel()
     if n:
+        cfg = config_for()
         with _device(a):
-            _kernel(_swiglu_fwd_kernel)[(triton.cdiv(n, BLOCK),)](
-                a, b, out, n, BLOCK=BLOCK, COMPUTE=_compute(a, b))
+            _launcher(_swiglu_fwd_kernel)[(triton.cdiv(n, cfg.fwd_block),)](
+                a, b, out, n, BLOCK=cfg.fwd_block, F64=_f64(a, b), num_warps=cfg.fwd_warps)
     return out
 
 
@@ -103,22 +129,24 @@ def _backward_triton(dout, a, b):
     da, db = torch.empty_like(a), torch.empty_like(b)
     n = a.numel()
     if n:
+        cfg = config_for()
         with _device(a):
-            _kernel(_swiglu_bwd_kernel)[(triton.cdiv(n, BLOCK),)](
-                dout, a, b, da, db, n, BLOCK=BLOCK, COMPUTE=_compute(a, b))
+            _launcher(_swiglu_bwd_kernel)[(triton.cdiv(n, cfg.bwd_block),)](
+                dout, a, b, da, db, n, BLOCK=cfg.bwd_block, F64=_f64(a, b), num_warps=cfg.bwd_warps)
     return da, db
 
 
-def _compute(a, b):
-    """float64 when either input is float64, else float32."""
-    return tl.float64 if torch.float64 in (a.dtype, b.dtype) else tl.float32
+def _f64(a, b) -> bool:
+    """Whether the maths is float64 (either input is float64), else float32."""
+    return torch.float64 in (a.dtype, b.dtype)
 
 
 _device = dispatch.on_device
-_kernel = dispatch.jit
+_launcher = dispatch.launcher
 
 
-def _swiglu_fwd_kernel(A, B, OUT, n, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+def _swiglu_fwd_kernel(A, B, OUT, n, BLOCK: tl.constexpr, F64: tl.constexpr):
+    COMPUTE = tl.float64 if F64 else tl.float32
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(A + offs, mask=mask, other=0.0).to(COMPUTE)
@@ -127,7 +155,8 @@ def _swiglu_fwd_kernel(A, B, OUT, n, BLOCK: tl.constexpr, COMPUTE: tl.constexpr)
     tl.store(OUT + offs, (silu * b).to(OUT.dtype.element_ty), mask=mask)
 
 
-def _swiglu_bwd_kernel(DOUT, A, B, DA, DB, n, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+def _swiglu_bwd_kernel(DOUT, A, B, DA, DB, n, BLOCK: tl.constexpr, F64: tl.constexpr):
+    COMPUTE = tl.float64 if F64 else tl.float32
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(COMPUTE)

@@ -67,6 +67,8 @@ class Parallelized:
     tp_checked: bool = False
     """Whether the first backward's gradients were checked across the tensor-parallel group
     (`check_tp_gradients`)."""
+    kernels: dict = field(default_factory=dict)
+    """transform(kernels=...)'s implementation per op (trainyard.kernels.auto.as_record); empty without kernels."""
     scaler: GradScaler | None = None
     """The loss scaler (enabled under float16; `forward_backward` scales the losses it backpropagates)."""
     float8_all_gather: bool = False

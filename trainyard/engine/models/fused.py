@@ -6,7 +6,9 @@ where, and only where, the ops compute what the model's own modules compute.
     eager           the ops' eager references: the same maths, the loss chunked over tokens so that the
                     logits are never materialised in full ("eager-chunked" is the same)
     triton          the Triton kernels (CUDA; CPU only under TRITON_INTERPRET=1); an error elsewhere
-    auto / True     Triton where it runs, else eager
+    auto / True     Triton where it runs, else eager; with compile=True on CUDA, per op: ours or the eager
+                    reference compiled by inductor, whichever a startup measurement finds faster at the
+                    model's shapes (`plan_backends`, trainyard/kernels/auto.py)
 
 What may be swapped (the built-in Llama, Hugging Face models of any family):
 
@@ -53,6 +55,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Partial
 
 from trainyard import kernels
+from trainyard.kernels import auto
+from trainyard.kernels.auto import Choice, OpShapes
 from trainyard.kernels.rmsnorm import rms_norm_reference
 
 MODES = {None: None, False: None, "off": None, "eager": "eager", "eager-chunked": "eager", "triton": "triton",
@@ -371,10 +375,14 @@ def _looks_like_norm(module: nn.Module) -> bool:
     return "Norm" in type(module).__name__ and set(k for k, v in module._parameters.items() if v is not None) == {"weight"}
 
 
-def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int = 0) -> Swapped:
-    """Swap the model's modules for the ops where they compute the same (see the module docstring)."""
+def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int = 0,
+                 backends: dict[str, str] | None = None) -> Swapped:
+    """Swap the model's modules for the ops where they compute the same (see the module docstring).
+    `backends`: a backend per op ("rms_norm", "swiglu", "rope", "loss") over `backend` (kernels=auto under
+    compile: the ops left to inductor run their eager reference)."""
     gen = torch.Generator().manual_seed(seed)
     done = Swapped()
+    per_op = {op: (backends or {}).get(op, backend) for op in ("rms_norm", "swiglu", "rope", "loss")}
     rotary: dict = {}  # family module -> whether its apply_rotary_pos_emb was patched (a function: probed once)
 
     for module in model.modules():
@@ -384,32 +392,80 @@ def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int 
             if found is None:
                 done.leave(module)
                 continue
-            module.forward = types.MethodType(_norm_forward(*found, backend), module)
+            module.forward = types.MethodType(_norm_forward(*found, per_op["rms_norm"]), module)
             done.counts["rms_norm"] += 1
         elif all(isinstance(getattr(module, n, None), nn.Linear) for n in ("w1", "w2", "w3")):  # built-in FFN
-            module.forward = types.MethodType(_builtin_ffn_forward(backend), module)
+            module.forward = types.MethodType(_builtin_ffn_forward(per_op["swiglu"]), module)
             done.counts["swiglu"] += 1
         elif all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
-            forward = _hf_mlp_forward(backend)
+            forward = _hf_mlp_forward(per_op["swiglu"])
             if not _mlp_matches(module, ("gate_proj", "up_proj", "down_proj"), _hf_mlp_forward("eager"), gen):
                 done.leave(module)
                 continue
             module.forward = types.MethodType(forward, module)
             done.counts["swiglu"] += 1
         elif hasattr(module, "rope") and hasattr(module, "wq"):  # the built-in Attention
-            _swap_builtin_rope(module, backend)
+            _swap_builtin_rope(module, per_op["rope"])
             done.counts["rope"] += 1
         elif cls.__name__.endswith("Attention") and hasattr(module, "q_proj"):
             if cls.__module__ not in rotary:
-                rotary[cls.__module__] = _patch_hf_rope(module, backend, gen)
+                rotary[cls.__module__] = _patch_hf_rope(module, per_op["rope"], gen)
             patched = rotary[cls.__module__]
             if patched is False:
                 done.leave(f"{cls.__name__}'s apply_rotary_pos_emb")
             elif patched:
                 done.counts["rope"] += 1  # an attention module that now rotates with the op
     if fused_loss:
-        _swap_loss(model, backend, gen, done)
+        _swap_loss(model, per_op["loss"], gen, done)
     return done
+
+
+# ---- kernels=auto under compile: which ops to leave to inductor (trainyard/kernels/auto.py) ---------------
+
+
+def op_shapes(model: nn.Module) -> OpShapes:
+    """The shapes the ops would see in `model` (the first norm, MLP and attention found; meta is fine)."""
+    hidden = ffn = q_heads = kv_heads = head_dim = None
+    layout = "hf"
+    for module in model.modules():
+        if hidden is None and _looks_like_norm(module) and module.weight.dim() == 1:
+            hidden = module.weight.shape[0]
+        for gate in ("w1", "gate_proj"):
+            if ffn is None and isinstance(getattr(module, gate, None), nn.Linear):
+                ffn = getattr(module, gate).out_features
+        for q, k in (("wq", "wk"), ("q_proj", "k_proj")):
+            if head_dim is None and isinstance(getattr(module, q, None), nn.Linear) \
+                    and isinstance(getattr(module, k, None), nn.Linear) and isinstance(getattr(module, "head_dim", None), int):
+                head_dim = module.head_dim
+                q_heads, kv_heads = getattr(module, q).out_features // head_dim, getattr(module, k).out_features // head_dim
+                layout = "pairs" if q == "wq" else "hf"
+    return OpShapes(hidden, ffn, q_heads, kv_heads, head_dim, layout)
+
+
+def plan_backends(model: nn.Module, backend: str, *, compile: bool, device: torch.device,
+                  dtype: torch.dtype | None) -> tuple[dict[str, Choice], dict[str, str]]:
+    """Each op's backend for `transform(kernels=backend, compile=compile)` and the measurement's errors:
+    with "auto", compile and a CUDA device, measured (auto.measure at the model's shapes, auto.decide);
+    otherwise every op takes `backend` as before."""
+    if backend != "auto" or not compile or device.type != "cuda":
+        why = "not compiled" if not compile else "not measured off CUDA" if backend == "auto" else f"kernels={backend}"
+        return auto.unmeasured(backend, device, why), {}
+    times, errors = auto.measure(op_shapes(model), device, dtype or torch.float32)
+    choices = auto.decide(times)
+    choices["loss"] = auto.Choice("loss", "triton", why="not measured: outside the compiled blocks; saves memory")
+    return choices, errors
+
+
+def describe_choices(backend: str, choices: dict[str, Choice], errors: dict[str, str]) -> str:
+    """The tail of transform's `kernels (...)` line: each op's measured choice (kernels=auto under compile on
+    CUDA), or for an unmeasured auto what it resolved to and why; nothing for an explicit backend."""
+    if any(c.ours_ms is not None or c.compile_ms is not None for c in choices.values()):
+        line = "; under compile: " + ", ".join(str(c) for c in choices.values())
+        return line + (f"; measurement errors: {errors}" if errors else "")
+    if backend == "auto" and choices:
+        first = next(iter(choices.values()))
+        return f"; auto: {first.backend} ({first.why})"
+    return ""
 
 
 def _swap_loss(model: nn.Module, backend: str, gen: torch.Generator, done: Swapped) -> None:
