@@ -23,6 +23,8 @@ PRIVATE = {
         "DCP on object storage: FileSystem, FsspecReader, FsspecWriter (components/checkpoint/io.py)",
     "torch.distributed.checkpoint.filesystem._StoragePrefix": "one storage prefix per rank in DCP's plans",
     "torch.distributed._shard._utils": "narrow_tensor_by_index: resharding reads of DCP checkpoints",
+    "torch._subclasses": "fake_tensor.is_fake: a kernel launch under torch.compile's tracing takes no CUDA device "
+                         "context (kernels/dispatch.py)",
     "torch._amp_foreach_non_finite_check_and_unscale_":
         "the fp16 loss scaler's unscale and inf/nan check in one fused pass, as torch.amp.GradScaler does "
         "(engine/components/scaler.py)",
