@@ -44,6 +44,8 @@ CONFIGS = {
     "compile+kernels mb16 ac": (16, True, "auto", "selective", "bfloat16"),
     "compile mb8": (8, True, "off", "none", "bfloat16"),
     "compile+kernels mb12": (12, True, "auto", "none", "bfloat16"),
+    "compile+kernels mb16": (16, True, "auto", "none", "bfloat16"),  # the best MFU measured (docs/benchmarks.md)
+    "compile mb8 fp8": (8, True, "off", "none", "float8"),
     # FP8 Linear layers (torchao, dynamic tensorwise scaling; the head and the rest bf16): needs sm_89+. torchao's
     # casts are separate kernels in eager mode; compiled, inductor fuses them into the neighbouring ops
     "eager fp8": (4, False, "off", "none", "float8"),
