@@ -28,6 +28,14 @@ def _make_data(tmp_path):
     (tmp_path / "single.txt").write_text("just one file")
 
 
+def _no_aws(tmp_path, monkeypatch):
+    for var in AWS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
 def _round_trip(tmp_path):
     import trainyard
 
@@ -64,11 +72,7 @@ def _round_trip(tmp_path):
 
 
 def test_session_round_trip_without_aws_credentials(tmp_path, monkeypatch):
-    for var in AWS_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    _no_aws(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     _make_data(tmp_path)
     _round_trip(tmp_path)
@@ -86,13 +90,6 @@ def test_session_uses_the_configured_endpoint(tmp_path, monkeypatch, s3_endpoint
     assert {"sagemaker/DEMO-pytorch-mnist/a.csv", "sagemaker/DEMO-pytorch-mnist/sub/b.csv",
             "data/single.txt"} <= keys
 
-
-def _no_aws(tmp_path, monkeypatch):
-    for var in AWS_VARS:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 def test_a_notebooks_own_s3_calls_reach_the_store_when_no_aws_is_configured(tmp_path, monkeypatch):
