@@ -1,6 +1,7 @@
 """Bad input is refused with the field named, before anything is uploaded or started."""
 import math
 import os
+import re
 
 import pytest
 
@@ -152,6 +153,21 @@ def test_inputs_that_do_not_exist(src, tmp_path, nothing_started):
     _refused("inputs.train", est.fit, {"train": f"file://{tmp_path}/missing"}, wait=False)
     msg = _refused("inputs.train", est.fit, {"train": "s3://trainyard-default/no/such/prefix"}, wait=False)
     assert "nothing found" in msg
+
+
+@pytest.mark.parametrize("source,said", [
+    ("def main(:\n    pass\n", r"train.py:1: SyntaxError: invalid syntax"),
+    ("if True:\nprint('x')\n", r"train.py:2: IndentationError: expected an indented block"),
+])
+def test_an_entry_point_that_does_not_compile_is_refused_by_fit(tmp_path, source, said, nothing_started):
+    """(issue 34) It used to fail 15 s into the job, on EC2 after the instances launched."""
+    (tmp_path / "train.py").write_text(source)
+    est = Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local")
+    msg = _refused("entry_point", est.fit, None, wait=False)
+    assert re.search(said, msg), msg
+    (tmp_path / "alone.py").write_text(source)  # a script shipped alone, without source_dir
+    _refused("entry_point", Estimator(entry_point=str(tmp_path / "alone.py"), instance_type="local").fit, None,
+             wait=False)
 
 
 def test_bad_job_name(src, nothing_started):

@@ -278,6 +278,8 @@ class Estimator:
         spec = self._job_spec(inputs, job_name)
         if spec.entry_kind == "module" and spec.entry_point == BUILTIN_TRAINER:
             _check_builtin_channels(spec)
+        if spec.entry_kind == "script":
+            arguments.check_entry_syntax(self._entry_file or os.path.join(self.source_dir or ".", spec.entry_point))
         backend = backend_for(spec, session=self.boto_session)
         backend.check(spec)
         plan = backend.plan(spec)
