@@ -82,6 +82,25 @@ def test_a_script_without_rows_is_followed_by_its_step_lines(home):
     assert "[progress] Completed | step 4/4 | loss 0.5000 |" in out
 
 
+def test_step_lines_without_a_total_and_metric_definitions_feed_the_line(home):
+    """(issue 34) `step 5 loss 4.97` (the BYOM example's own output) and `step=5 loss=4.9` give the step (N from the
+    `steps` hyperparameter) and the loss; a `metric_definitions` entry named loss feeds the loss of lines that name
+    no step (the README quickstart's `epoch=E loss=L`)."""
+    fake_job("forms", "InProgress", metric_definitions=[{"Name": "train:loss", "Regex": "loss=([0-9.]+)"}])
+    p = live.Progress(LocalJob("forms"))
+    p.total = 20  # as the steps hyperparameter would give it
+    p.observe("step 5 loss 4.97", 1.0)
+    assert (p.step, p.total, p.loss) == (5, 20, 4.97)
+    p.observe("step=6 loss=4.9", 2.0)
+    assert (p.step, p.loss) == (6, 4.9)
+    p.observe("epoch=2 loss=0.125", 3.0)
+    assert (p.step, p.loss) == (6, 0.125)
+    p.observe("warmup_steps 7 done; step_time_s=3", 4.0)  # words that only contain "step" are not steps
+    assert p.step == 6
+    snap = p.snapshot()
+    assert "step 6/20" in snap.text() and "loss 0.1250" in snap.text()
+
+
 def test_progress_eta_and_quiet_plain_mode(home, monkeypatch):
     sleeper = _sleeper()
     try:

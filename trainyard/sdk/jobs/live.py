@@ -7,7 +7,8 @@ the phase changes and one every `PLAIN_EVERY_S` while it trains, with no control
 
 The figures come from what the job writes anyway: the status document (phase, creation time), algo-1's
 metrics rows (step, loss, tokens/s, MFU; read from where the last look left off) and, for a script that
-writes no rows, its `step K/N` log lines. N is the `steps` hyperparameter when the line does not say it.
+writes no rows, its log lines: `step K/N`, `step K` or `step=K` (N is then the `steps` hyperparameter), the loss
+after it, and the lines a `metric_definitions` entry named `loss` (or `...:loss`) matches.
 `TRAINYARD_PROGRESS` = `live` | `plain` | `off` overrides the choice.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ MODES = ("live", "plain", "off")
 PHASES = {"Starting": "Starting", "Pending": "Starting", "LaunchingMLInstances": "Starting",
           "PreparingTrainingStack": "Starting", "Downloading": "Downloading",
           "DownloadingTrainingImage": "Downloading", "Training": "Training", "Uploading": "Uploading"}
-_STEP = re.compile(r"\bstep[\s=:]*(\d+)\s*/\s*(\d+)", re.IGNORECASE)
+# `step 5/100`, and without the total `step 5 loss 4.97` or `step=5 loss=4.9` (N then from the `steps` hyperparameter)
+_STEP = re.compile(r"\bstep[\s=:]*(\d+)(?:\s*/\s*(\d+))?\b", re.IGNORECASE)
 _LOSS = re.compile(r"\bloss[\s=:]+(-?[0-9.]+(?:e[-+]?\d+)?)", re.IGNORECASE)
 RATE_WINDOW = 20  # ETA from the pace of the last this-many steps
 
@@ -85,6 +87,9 @@ class Progress:
         self.offset = 0
         steps = job.spec.hyperparameters.get("steps")
         self.total = int(steps) if str(steps).isdigit() else None
+        # a `metric_definitions` entry named loss (SageMaker's `train:loss` too) feeds the line's loss
+        self.loss_regexes = [re.compile(d["Regex"]) for d in job.spec.metric_definitions or ()
+                             if d["Name"].rsplit(":", 1)[-1].lower() == "loss"]
         self.step: int | None = None
         self.loss = self.tokens_per_s = self.mfu = None
         self.seen: list[tuple[float, int]] = []  # (the stamp of the log line, step) as first seen
@@ -105,10 +110,18 @@ class Progress:
             return
         m = _STEP.search(text)
         if m:
-            self._at(int(m.group(1)), int(m.group(2)), when)
-            loss = _LOSS.search(text, m.end())
-            if loss:
-                self.loss = float(loss.group(1))
+            self._at(int(m.group(1)), int(m.group(2)) if m.group(2) else None, when)
+        for regex in self.loss_regexes:
+            found = regex.search(text)
+            if found and found.groups():
+                try:
+                    self.loss = float(found.group(1))
+                    return
+                except ValueError:
+                    pass
+        loss = _LOSS.search(text, m.end()) if m else None
+        if loss:
+            self.loss = float(loss.group(1))
 
     def _read_rows(self) -> None:
         try:
