@@ -482,3 +482,23 @@ def test_fit_dry_run_on_ec2_without_region_or_credentials(no_aws, src, home, mon
         est.fit(dry_run=True)
     assert e.value.field == "credentials" and CREDENTIALS_LINE in str(e.value)
     assert not os.path.exists(jobs_root())  # nothing was created
+
+
+def test_wait_names_the_report_and_a_metric_regex_that_matched_nothing(home, capsys):
+    """(issue 34) The README promises a report at the end: wait() names the command; a metric_definitions Regex
+    that matched no line of a completed job is said (metrics()[-1] used to raise IndexError with no word why)."""
+    from trainyard.errors import JobFailedError
+    from trainyard.sdk.backends import open_job
+
+    fake_job("w-job", log="loss=2.5\nLoss: 1.5\n", metric_definitions=[
+        {"Name": "loss", "Regex": "loss=([0-9.]+)"}, {"Name": "acc", "Regex": "accuracy=([0-9.]+)"}])
+    open_job("w-job").wait(logs="None")
+    err = capsys.readouterr().err
+    assert "warning: metric_definitions matched no log line of w-job for 'acc'" in err and "'loss'" not in err
+    assert "trainyard report w-job" not in err  # logs="None": quiet but for the warning
+    open_job("w-job").wait()
+    assert "[trainyard] w-job Completed: its HTML report" in capsys.readouterr().err
+    fake_job("w-failed", "Failed", metric_definitions=[{"Name": "acc", "Regex": "accuracy=([0-9.]+)"}])
+    with pytest.raises(JobFailedError):
+        open_job("w-failed").wait(logs="None")
+    assert "metric_definitions" not in capsys.readouterr().err  # a failed job's missing lines are not the regex's fault

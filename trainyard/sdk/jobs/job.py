@@ -149,6 +149,17 @@ class TrainingJob:
             self.stop()
             raise
         d = self.describe()
+        # a regex that never matched a completed job's lines leaves metrics() without its rows: say so
+        if self.spec.metric_definitions and d["TrainingJobStatus"] == "Completed":
+            rows = self.metrics()
+            silent = [m["Name"] for m in self.spec.metric_definitions if not any(m["Name"] in r for r in rows)]
+            if silent:
+                print(f"[trainyard] warning: metric_definitions matched no log line of {self.name} for "
+                      f"{', '.join(repr(n) for n in silent)}: check the Regex against what the script prints "
+                      "(trainyard logs shows it)", file=sys.stderr, flush=True)
+        if LOG_MODES[logs]:  # the README's promise: at the end, the way to the job's HTML report
+            print(f"[trainyard] {self.name} {d['TrainingJobStatus']}: its HTML report (loss, throughput, memory, "
+                  f"timeline, cost): trainyard report {self.name}, or job.report()", file=sys.stderr, flush=True)
         if d["TrainingJobStatus"] == "Failed":
             raise JobFailedError(self.name, "Failed", d.get("FailureReason", ""))
         if d["TrainingJobStatus"] == "Stopped":
