@@ -109,3 +109,30 @@ def test_code_goes_beside_the_job_and_never_into_a_data_prefix(tmp_path):
         with pytest.raises(ConfigError, match=rf"code_location.*inside channel 'train' \({channel}\)"):
             code_prefix(est._job_spec({"train": channel}, "job-1"), None)
     assert code_prefix(est._job_spec({"train": "s3://bkt/"}, "job-1"), "s3://other/") == "s3://other/job-1/source"
+
+
+def test_source_dir_as_an_s3_tarball_as_jumpstart_passes_it(tmp_path):
+    """(issue 34) `source_dir="s3://.../sourcedir.tar.gz"` was refused; it is read, extracted as a host extracts code,
+    and packaged like a folder (the entry point checked inside it)."""
+    import io
+    import tarfile
+
+    from trainyard import Estimator, Session
+    from trainyard.errors import ConfigError
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in (("train.py", "print('hi')\n"), ("lib/util.py", "X = 1\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text.encode()))
+    (tmp_path / "sourcedir.tar.gz").write_bytes(buf.getvalue())
+    uri = Session().upload_data(str(tmp_path / "sourcedir.tar.gz"), key_prefix="jumpstart/code")
+    est = Estimator(entry_point="train.py", source_dir=uri, instance_type="local")
+    assert sorted(est._package().files) == ["lib/util.py", "train.py"]
+    with pytest.raises(ConfigError, match="entry_point: 'missing.py' is not a file in source_dir"):
+        Estimator(entry_point="missing.py", source_dir=uri, instance_type="local")
+    with pytest.raises(ConfigError, match=r"source_dir: .*could not be read"):
+        Estimator(entry_point="train.py", source_dir=uri.replace("sourcedir", "nothere"), instance_type="local")
+    with pytest.raises(ConfigError, match=r"source_dir: .*an s3:// source_dir is the code as a \.tar\.gz"):
+        Estimator(entry_point="train.py", source_dir=uri.rsplit("/", 1)[0], instance_type="local")

@@ -5,7 +5,8 @@
 - `triage`: SageMaker arguments for services Trainyard does not run, EC2's on a local job, and
   `keep_alive_period_in_seconds` (SageMaker's warm pools, used by that backend only): which are used, which
   are accepted and named as without effect (`inert`), and the EC2 fields the spec gets;
-- `source`: a git_config's clone standing in for source_dir, and the dependencies inside it;
+- `source`: a git_config's clone (or an s3:// sourcedir.tar.gz, extracted) standing in for source_dir, and the
+  dependencies inside it;
 - `resolve_entry_point`, `check_entry_syntax` (at `fit()`), `check_dependencies`, `processes_per_host`, `auto_options`,
   `check_emulated_network`:
   the entry point as the job sees it, the dependencies, SageMaker's processes-per-host rule, the planned form of
@@ -18,10 +19,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from trainyard.job import catalog
+from trainyard.container import codefetch
+from trainyard.job import catalog, storage
 from trainyard.errors import ConfigError
 from trainyard.job.spec import MODULE_NAME
 from trainyard.sdk import gitsource
@@ -210,15 +215,41 @@ def triage(*, instance_type: str, backend: str | None, sagemaker_only: dict[str,
     return Triage(inert=tuple(inert), ec2=ec2, keep_alive=keep_alive)
 
 
-def source(git_config: dict[str, str] | None, source_dir: str | None,
-           dependencies: list[str] | None) -> tuple[str | None, list[str] | None, str | None]:
+def source(git_config: dict[str, str] | None, source_dir: str | None, dependencies: list[str] | None, *,
+           s3=None) -> tuple[str | None, list[str] | None, str | None]:
     """(source_dir, dependencies, the clone) with `git_config`'s repository cloned: source_dir and the
-    dependencies are then paths inside the clone; without git_config, as given and no clone."""
+    dependencies are then paths inside the clone; an `s3://...tar.gz` source_dir (how JumpStart and SageMaker's
+    examples pass their scripts) is read with the client `s3` and extracted into a folder of its own, which is
+    then the source_dir; otherwise as given and no clone."""
+    if isinstance(source_dir, str) and source_dir.startswith("s3://"):
+        if git_config:
+            raise ConfigError("source_dir", "an s3:// archive and git_config both name the code: give one")
+        folder = source_archive(source_dir, s3)
+        return folder, dependencies, folder
     if not git_config:
         return source_dir, dependencies, None
     repo = gitsource.clone(git_config)
     return (os.path.join(repo, source_dir) if source_dir else repo,
             [os.path.join(repo, d) for d in dependencies or []], repo)
+
+
+def source_archive(uri: str, s3=None) -> str:
+    """The `sourcedir.tar.gz` at `uri`, extracted (regular files and folders only, as a host extracts code:
+    container/codefetch.py) into a new temporary folder; its path."""
+    if not uri.endswith((".tar.gz", ".tgz")):
+        raise ConfigError("source_dir", f"{uri!r}: an s3:// source_dir is the code as a .tar.gz (SageMaker's "
+                                        "sourcedir.tar.gz); give the archive's URI, or a local folder")
+    try:
+        data = storage.get_bytes(uri, s3=s3)
+    except Exception as e:  # noqa: BLE001 - botocore's ClientError (NoSuchKey, AccessDenied) and the like
+        raise ConfigError("source_dir", f"{uri} could not be read: {type(e).__name__}: {e}") from None
+    folder = tempfile.mkdtemp(prefix="trainyard-source-")
+    try:
+        codefetch.extract(data, folder)
+    except (codefetch.UnsafeArchive, tarfile.TarError, OSError, EOFError) as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ConfigError("source_dir", f"{uri} is not a code archive Trainyard extracts: {e}") from None
+    return folder
 
 
 def check_emulated_network(local: bool) -> None:

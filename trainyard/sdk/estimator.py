@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainyard.container.contract import user_args
-from trainyard.job import catalog, lease
+from trainyard.job import catalog, lease, storage
 from trainyard.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
 from trainyard.job.spec import (BUILTIN_TRAINER, DEFAULT_HANG_TIMEOUT_S, DEFAULT_MAX_RUN, JOB_NAME,
@@ -42,6 +42,7 @@ from trainyard.sdk.backends.kubernetes import check as k8s_check
 from trainyard.sdk.backends.kubernetes import manifests as k8s_manifests
 from trainyard.sdk import model
 from trainyard.sdk.session import LocalSession, Session, default_output_path
+from trainyard.sdk.store import ensure_store
 from trainyard.sdk.versions import check_framework
 
 
@@ -127,7 +128,8 @@ class Estimator:
                      use_spot_instances=use_spot_instances, max_wait=max_wait, volume_size=volume_size,
                      capacity_reservation_id=capacity_reservation_id, network=network))
         self.git_config = git_config
-        source_dir, dependencies, self._repo = arguments.source(git_config, source_dir, dependencies)
+        source_dir, dependencies, self._repo = arguments.source(git_config, source_dir, dependencies,
+                                                                s3=_s3_for(local, boto_session, source_dir))
         self.instance_type = instance_type
         self.source_dir = source_dir
         self.dependencies = arguments.check_dependencies(dependencies)
@@ -538,6 +540,16 @@ def _check_tensorboard_installed() -> None:
         raise ConfigError("tensorboard_output_config", "the engine writes TensorBoard event files with the tensorboard "
                                                        "package, which is not installed: pip install "
                                                        "'trainyard[tensorboard]'")
+
+
+def _s3_for(local: bool, boto_session, source_dir) -> Any:
+    """The S3 client that reads an s3:// source_dir: the user's session's, else the local jobs' store (None when
+    source_dir is not on S3)."""
+    if not (isinstance(source_dir, str) and source_dir.startswith("s3://")):
+        return None
+    if boto_session is not None or not local:
+        return storage.s3_client(boto_session)
+    return ensure_store().client()
 
 
 def code_prefix(spec: JobSpec, code_location: str | None) -> str:
