@@ -6,7 +6,9 @@ Phases per run (seconds from the call to `fit()`):
   fit_returned   checks, code packaging, job folder, supervisor started (fit(wait=False) returns)
   training       the supervisor has prepared the hosts and started the drivers (TrainingStartTime)
   first_step     step 1 is in metrics.jsonl (torch imports, rendezvous, model build, one step)
-The embedded store is started once before the runs (a cold start of it is reported apart).
+The runs use a Trainyard home of their own (a temporary folder, removed at the end): the user's embedded store
+keeps running and their job list gets nothing. That home's store is started once before the runs (its cold start
+is reported apart) and stopped at the end.
 `--image`: the same job also with each host in a container of the CPU image (`image_uri`; `build` builds it from
 this checkout first, `trainyard image build --variant cpu`), the runs alternating so both see the same machine.
 Goal: first_step <= 10 s (as processes).
@@ -17,8 +19,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -62,17 +66,23 @@ def main() -> int:
         image = build(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), variant="cpu")
         build_s = time.time() - t
 
+    home = tempfile.mkdtemp(prefix="trainyard-bench-home-")
+    os.environ["TRAINYARD_HOME"] = home
+    os.environ.pop("AWS_ENDPOINT_URL", None)  # this home's embedded store, whatever the shell points at
     from trainyard.sdk.store import ensure_store, stop_store
 
-    stop_store()
-    t = time.time()
-    ensure_store()
-    store_cold = time.time() - t
     runs, image_runs = [], []
-    for _ in range(a.repeats):
-        runs.append(one_run(a.model))
-        if image:
-            image_runs.append(one_run(a.model, image))
+    try:
+        t = time.time()
+        ensure_store()
+        store_cold = time.time() - t
+        for _ in range(a.repeats):
+            runs.append(one_run(a.model))
+            if image:
+                image_runs.append(one_run(a.model, image))
+    finally:
+        stop_store()
+        shutil.rmtree(home, ignore_errors=True)
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     rows = [("store cold start", store_cold)] + [(f"{k} (median of {len(runs)})", v) for k, v in med.items()]
     image_med = {k: statistics.median(r[k] for r in image_runs) for k in image_runs[0]} if image_runs else None
