@@ -401,6 +401,21 @@ def test_jobs_on_a_terminal_and_piped(home, on_a_tty):
     assert re.search(r"^tty-job +Completed +2 x local +.*step 7, loss 1.5$", piped, re.M)
 
 
+def test_metrics_on_a_narrow_terminal_show_whole_columns_and_name_the_rest(home, on_a_tty):
+    """(issue 34) 20 columns on a 120-column terminal were squeezed to 3 characters each."""
+    row = {"step": 1, "loss": 2.5, **{f"metric_number_{i:02d}": 1000.0 + i for i in range(18)}}
+    fake_job("wide-job", metrics=[row])
+    tty = on_a_tty(["metrics", "wide-job"], {**_tty_env(), "COLUMNS": "120"})
+    header = next(line for line in tty.splitlines() if "step" in line)
+    assert "metric_number_00" in header and "metric_number_17" not in tty.split("more column")[0]
+    assert re.search(r"\d+ more column\(s\) do not fit this terminal: .*metric_number_17; trainyard metrics "
+                     r"wide-job --json shows every one", tty.replace("\r\n", " ").replace("\n", " "))
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty)
+    assert max(len(line) for line in plain.splitlines() if "│" in line) <= 120
+    piped = _piped(["metrics", "wide-job"], _tty_env())  # piped: every column, whole
+    assert "metric_number_17" in piped.splitlines()[0]
+
+
 def test_store_ls_on_a_terminal_and_piped(tmp_path, bucket, on_a_tty):
     (tmp_path / "f.bin").write_bytes(b"x" * 2048)
     assert main(["store", "put", str(tmp_path / "f.bin"), f"s3://{bucket}/data/f.bin"]) == 0

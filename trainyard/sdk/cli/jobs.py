@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from trainyard.errors import ConfigError
 from trainyard.sdk.backends import open_job
-from trainyard.sdk.jobs.format import human_duration, local_time, print_table
+from trainyard.sdk.jobs.format import console, fitting_columns, human_duration, local_time, print_table
 from trainyard.sdk.jobs.job import TrainingJob
 from trainyard.sdk.jobs.jobstate import TERMINAL, jobs_root
 
@@ -174,7 +174,18 @@ def show_metrics(name: str, as_json: bool = False, tail: int | None = None) -> i
             t = row.get("timestamp")
             cells.append(local_time(datetime.fromtimestamp(t, timezone.utc)) if isinstance(t, (int, float)) else "")
         table.append(cells)
-    print_table(keys + (["time"] if timed else []), table, right=tuple(keys))
+    headers = keys + (["time"] if timed else [])
+    out = console()
+    if out.is_terminal:  # the columns that fit, whole, rather than every column squeezed to a few characters
+        shown = fitting_columns(headers, table, out.width, keep=min(2, len(headers)))
+        if shown < len(headers):
+            left = headers[shown:]
+            headers, table = headers[:shown], [r[:shown] for r in table]
+            print_table(headers, table, right=tuple(keys))
+            print(f"{len(left)} more column(s) do not fit this terminal: {', '.join(left)}; "
+                  f"trainyard metrics {name} --json shows every one")
+            return 0
+    print_table(headers, table, right=tuple(keys))
     return 0
 
 

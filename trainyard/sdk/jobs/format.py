@@ -32,8 +32,8 @@ def print_table(headers: list[str], rows: list[list[str]], *, right: tuple[str, 
     terminal = out.is_terminal
     table = Table(box=box.ROUNDED if terminal else None, pad_edge=terminal, show_edge=terminal,
                   header_style="bold" if terminal else "")
-    for h in headers:
-        table.add_column(h, justify="right" if h in right else "left", overflow="fold", no_wrap=not terminal)
+    for i, h in enumerate(headers):  # the first column (a job's name, a key) stays whole, to be copied
+        table.add_column(h, justify="right" if h in right else "left", overflow="fold", no_wrap=not terminal or i == 0)
     for row in rows:
         table.add_row(*row)
     if terminal:
@@ -44,6 +44,18 @@ def print_table(headers: list[str], rows: list[list[str]], *, right: tuple[str, 
             force_terminal=False).print(table)
     out.file.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
     out.file.flush()
+
+
+def fitting_columns(headers: list[str], rows: list[list[str]], width: int, *, keep: int = 1) -> int:
+    """How many of the first columns fit `width` characters on a terminal (each its widest cell plus rich's
+    borders and padding); at least `keep`."""
+    used, n = 1, 0
+    for i, h in enumerate(headers):
+        used += max([len(h), *(len(r[i]) for r in rows)]) + 3
+        if used > width and n >= keep:
+            break
+        n += 1
+    return n
 
 
 def human_size(n: int) -> str:
