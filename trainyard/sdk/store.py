@@ -111,6 +111,9 @@ def export_env() -> None:
     boto3 = sys.modules.get("boto3")
     if boto3 is not None:  # its default session keeps the credentials it resolved first: resolve them again
         boto3.DEFAULT_SESSION = None
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None:  # S3FileSystem() hands back an instance made before, with the endpoint of then
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def exported() -> bool:
