@@ -44,15 +44,12 @@ containers:
 	     (apt-get update -q && apt-get install -y -q $$missing)); } || \
 	  echo "make containers: could not install$$missing (needs root and apt-get); the image tests will skip"
 
-# The fast cases on 2 workers (pytest-xdist: 3m55s -> 2m26s on this 2-core machine); then the slow multi-process
-# jobs on 2 workers, a file per worker (jobs wait on stores, rendezvous and their own processes for about a quarter of
-# their time, which the other worker's job uses); then the `solo` cases one at a time, whose assertions depend on
-# timing (hangs, kills, lost hosts, shaped links, store outages, containers). --durations: the slowest cases in every
-# run's log, to keep the suite within its 25-minute budget (docs/test-durations.md)
+# The fast cases on 2 workers (pytest-xdist: 3m55s -> 2m26s on this 2-core machine), then the slow multi-process
+# jobs one at a time (on 2 cores they would only slow each other). --durations: the slowest cases in every run's
+# log, to keep the suite within its 25-minute budget (docs/test-durations.md)
 test: $(STAMP) $(CHECKOV) browser containers
 	$(PY) -m pytest -m 'not slow' -n 2 --durations=10
-	$(PY) -m pytest -m 'slow and not solo' -n 2 --dist loadfile --durations=25
-	$(PY) -m pytest -m 'solo' --durations=15
+	$(PY) -m pytest -m slow --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow'

@@ -31,7 +31,7 @@ from tests.container.fake_imds import FakeImds
 
 from .conftest import IMAGE, Recorder, leftovers
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 3, "lr": 0.01,
        "warmup_steps": 2}

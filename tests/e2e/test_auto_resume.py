@@ -13,7 +13,7 @@ from trainyard.errors import JobFailedError
 
 from .helpers import SCRIPTS, assert_no_processes_left, beat_at_step, read_tar, store_client
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 5, "lr": 0.01,
        "warmup_steps": 2, "decay_steps": 25, "steps": 25, "checkpoint_every": 5, "log_every": 10}

@@ -10,7 +10,7 @@ from trainyard import Estimator
 
 from .helpers import assert_no_processes_left, beat_at_step
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 7, "lr": 0.01,
        "warmup_steps": 2, "decay_steps": 30, "steps": 30, "checkpoint_every": 5, "log_every": 10}

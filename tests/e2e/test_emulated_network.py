@@ -11,7 +11,7 @@ from .helpers import SCRIPTS, assert_no_processes_left, store_client
 
 needs_root = pytest.mark.skipif(netem.unavailable_reason() is not None,
                                 reason=f"emulated network unavailable: {netem.unavailable_reason()}")
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(300), needs_root]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_root]
 
 
 def _est(mbit, **kw):

@@ -12,7 +12,7 @@ from trainyard.engine.components.optim import build_optimizer, build_scheduler
 
 from .faulty_proxy import FaultyProxy
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_job_with_a_checkpoint_every_step_survives_a_faulty_store(s3_endpoint, monkeypatch):

@@ -13,7 +13,7 @@ from trainyard.errors import JobFailedError
 
 from .helpers import assert_no_processes_left, beat_at_step
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 HANG_TIMEOUT_S = 6
 

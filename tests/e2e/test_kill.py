@@ -13,7 +13,7 @@ from trainyard import Estimator
 
 from .helpers import assert_no_processes_left, job_processes, read_tar
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 STEPS, KILLS = 50, 20  # each attempt runs 0-1 steps (and a fraction) before its kill
 # fp32, deterministic; a checkpoint every step (asynchronous: kills land in uploads too); the schedule

@@ -30,7 +30,7 @@ from trainyard.sdk.backends.kubernetes import manifests
 from trainyard.sdk.backends.local.backend import free_port
 from tests.container.fake_imds import FakeImds
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCRIPT = textwrap.dedent('''\
     import argparse, json, os, socket

@@ -10,7 +10,7 @@ from trainyard.sdk import image, image_base, store
 
 from .conftest import BUILD_SECONDS, run_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo]  # podman builds and containers: one at a time
+pytestmark = pytest.mark.slow
 
 
 def test_the_image_holds_python_torch_and_this_trainyard_and_nothing_of_the_builder(engine, cpu_image):

@@ -21,7 +21,7 @@ from .conftest import leftovers
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "container"))
 from wheels import make_wheel  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HPS = {"model": "tiny", "steps": 3, "global_batch_size": 8, "seq_len": 32, "seed": 5, "dtype": "float32"}
 
