@@ -25,6 +25,15 @@ from dataclasses import dataclass, field
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp", "tp")
 
 
+# built meshes by (device type, shape), each with the default group it was built in: a mesh is reused only in that
+# world; forget_meshes() empties it when the engine destroys the default group (engine/distributed/process.py)
+_MESHES: dict = {}
+
+
+def forget_meshes() -> None:
+    _MESHES.clear()
+
+
 @dataclass(kw_only=True, slots=True)
 class ParallelDims:
     dp_replicate: int
@@ -127,14 +136,21 @@ class ParallelDims:
     def build_mesh(self, device_type: str):
         """The named DeviceMesh (a collective: every rank calls it), with `dp_shard` flattened; under context
         parallelism also `dp_shard_cp` (what FSDP shards over) and `dp_shard_intra_cp` (its ranks on one host)."""
+        import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
         if self._mesh is None:
-            mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
-            mesh["dp_shard_inter", "dp_shard_intra"]._flatten("dp_shard")
-            if self.cp > 1:
-                mesh["dp_shard_inter", "dp_shard_intra", "cp"]._flatten("dp_shard_cp")
-                mesh["dp_shard_intra", "cp"]._flatten("dp_shard_intra_cp")
+            # one mesh per shape and world: another transform of the same layout (a model per case, a checked
+            # equivalence) reuses its process groups instead of creating (and connecting) them again
+            key = (device_type, self.mesh_shape)
+            world, mesh = _MESHES.get(key, (None, None))
+            if mesh is None or world is not dist.group.WORLD:  # held, so a new world is never taken for the old
+                mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
+                mesh["dp_shard_inter", "dp_shard_intra"]._flatten("dp_shard")
+                if self.cp > 1:
+                    mesh["dp_shard_inter", "dp_shard_intra", "cp"]._flatten("dp_shard_cp")
+                    mesh["dp_shard_intra", "cp"]._flatten("dp_shard_intra_cp")
+                _MESHES[key] = (dist.group.WORLD, mesh)
             self._mesh = mesh
         return self._mesh
 

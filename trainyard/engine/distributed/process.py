@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from trainyard.engine.components import heartbeat
+from trainyard.parallel.dims import forget_meshes
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,5 +86,6 @@ def destroy_distributed() -> None:
         # active exception"). And no rank tears its group down while a peer may still talk to it.
         gc.collect()
         dist.barrier()
+        forget_meshes()
         dist.destroy_process_group()
 
