@@ -40,6 +40,7 @@ class Session:
         self.default_bucket_prefix = default_bucket_prefix
         self.config = None
         self._sagemaker_client = sagemaker_client
+        self._store_env_decided = False
 
     @property
     def sagemaker_client(self):
@@ -84,8 +85,10 @@ class Session:
         if not self.embedded:
             return {}
         # the session's first S3 call (default_bucket(), upload_data(), ...): from then on the notebook's own s3://
-        # calls reach the same store, where no AWS is configured
-        export_store_env()
+        # calls reach the same store, where no AWS is configured (decided once: it resolves AWS credentials)
+        if not self._store_env_decided:
+            export_store_env()
+            self._store_env_decided = True
         return ensure_store().env()
 
     def _s3(self):
