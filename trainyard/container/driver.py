@@ -55,6 +55,7 @@ from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
 from trainyard.container.failure import RankFailure, root_cause, tail
 from trainyard.container.hang import HANG_WATCH_ENV, HostHangWatch, heartbeat_dir
 from trainyard.engine.components.contract import FIRST_STEP_ENV
+from trainyard.engine.components.process_exit import exit_now
 from trainyard.engine.components.heartbeat import ENV as HEARTBEAT_ENV
 from trainyard.container.firststep import FirstStepWatch, rank_logs
 from trainyard.container.metricship import METRICS_FILE
@@ -517,4 +518,4 @@ def _supervisor_lost(host: str, root: str, status_file: str, status: dict) -> No
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # after the exit handlers, without the interpreter's teardown of torch (torchrun's import)

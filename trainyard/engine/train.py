@@ -10,6 +10,7 @@ import os
 import sys
 
 from trainyard.engine import api
+from trainyard.engine.components.process_exit import exit_now
 from trainyard.engine.config import TrainConfig, parse_hyperparameters, reconcile_distribution
 from trainyard.engine.trainer import Trainer
 
@@ -41,4 +42,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # after the exit handlers, without the interpreter's teardown (components/process_exit.py)
