@@ -26,6 +26,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 BACKENDS = ("auto", "triton", "eager")
@@ -128,54 +129,33 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@dataclass(frozen=True)
 class Ops:
     """One op's two registrations (see the module docstring): `opaque` (custom_op) and `traceable`
-    (triton_op; None where torch has no triton_op or Triton is missing).
+    (triton_op; None where torch has no triton_op)."""
 
-    A build of torch without CUDA registers the traceable op when it is first asked for, not at import:
-    `torch.library.triton_op` imports inductor and dynamo (0.4 s of CPU in every process that imports the
-    kernels, every rank of every job), and without CUDA only a trace on fake CUDA tensors ever asks."""
-
-    def __init__(self, name: str, fn: Callable, autograd: Callable | None, setup_context: Callable | None,
-                 opaque: object):
-        self.name, self._fn, self._autograd, self._setup_context = name, fn, autograd, setup_context
-        self.opaque = opaque
-        self._traceable: object | None = None
-        self._registered = False
-
-    @property
-    def traceable(self) -> object | None:
-        if not self._registered:
-            import torch
-
-            self._registered = True
-            if hasattr(torch.library, "triton_op") and triton_installed():
-                self._traceable = torch.library.triton_op(f"trainyard::{self.name}_traceable", self._fn,
-                                                          mutates_args=())
-                if self._autograd is not None:
-                    self._traceable.register_autograd(self._autograd, setup_context=self._setup_context)
-        return self._traceable
+    opaque: object
+    traceable: object | None
 
     def pick(self, tensor):
         """The traceable op for CUDA tensors where it exists, else the opaque one."""
-        if tensor.is_cuda and self.traceable is not None:
-            return self.traceable
-        return self.opaque
+        return self.traceable if (self.traceable is not None and tensor.is_cuda) else self.opaque
 
 
 def register(name: str, fn: Callable, *, fake: Callable, autograd: Callable | None = None,
              setup_context: Callable | None = None) -> Ops:
     """`fn` (annotated: the schema is inferred from it) as `trainyard::name` (custom_op, with `fake`) and
     `trainyard::name_traceable` (triton_op: its fake implementation is `fn` itself, run on fake tensors, so
-    `fn` must be plain torch ops and `launcher(...)` kernel launches); both get the same autograd formula.
-    The traceable one is registered now in a CUDA build of torch, else when first asked for (`Ops`)."""
+    `fn` must be plain torch ops and `launcher(...)` kernel launches); both get the same autograd formula."""
     import torch
 
     opaque = torch.library.custom_op(f"trainyard::{name}", fn, mutates_args=())
     opaque.register_fake(fake)
+    traceable = None
+    if hasattr(torch.library, "triton_op") and triton_installed():
+        traceable = torch.library.triton_op(f"trainyard::{name}_traceable", fn, mutates_args=())
     if autograd is not None:
-        opaque.register_autograd(autograd, setup_context=setup_context)
-    ops = Ops(name, fn, autograd, setup_context, opaque)
-    if torch.version.cuda or torch.version.hip:  # where compile traces CUDA tensors: ready before any trace
-        ops.traceable  # noqa: B018 - registers it
-    return ops
+        for op in (opaque, traceable):
+            if op is not None:
+                op.register_autograd(autograd, setup_context=setup_context)
+    return Ops(opaque, traceable)

@@ -25,7 +25,6 @@ allocated while `fn` ran, above what it held before (the kernels' memory tests a
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -34,6 +33,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.distributed.pipelining import schedules as pp_schedules
 
 from trainyard.engine.distributed.work import DelegatingWork
 
@@ -147,12 +147,7 @@ class CommMeter:
                    if hasattr(dist, name)]
         patches += [(funcol, name, self._wrap_funcol(getattr(funcol, name), *spec)) for name, spec in _FUNCOL.items()
                     if hasattr(funcol, name)]
-        # the pipeline schedules' sends, where a schedule exists: the engine imports torch.distributed.pipelining
-        # only to build one (it brings torch._dynamo and sympy, 0.45 s at every rank's start), before any step
-        if "torch.distributed.pipelining.schedules" in sys.modules:
-            from torch.distributed.pipelining import schedules as pp_schedules
-
-            patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
+        patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
         saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
         for module, name, fn in patches:
             setattr(module, name, fn)
