@@ -55,7 +55,7 @@ def table_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str] | 
     return None if found is None else (found[0], f"datasheet: {found[1]} {key} dense ({name})")
 
 
-def measured_peak(device: torch.device, dtype: torch.dtype, *, size: int = 1024, seconds: float = 0.3) -> tuple[float, str]:
+def measured_peak(device: torch.device, dtype: torch.dtype, *, size: int = 1024, seconds: float = 0.1) -> tuple[float, str]:
     """TFLOP/s of a `size`^3 matmul in `dtype`, best of repeated timings for about `seconds`. Every rank of the
     job runs it at the same moment (a collective when torch.distributed is up): the result, averaged over the
     ranks, is what one rank gets while all of them compute, the peak MFU is measured against."""
