@@ -121,6 +121,19 @@ def test_progress_eta_and_quiet_plain_mode(home, monkeypatch):
         sleeper.kill()
 
 
+def test_the_line_says_when_the_mfu_is_against_a_measured_peak(home):
+    sleeper = _sleeper()
+    try:
+        first = {**ROWS[0], "fingerprint": {"device": "cpu", "peak_source": "measured at start-up: 1024^3 ..."}}
+        fake_job("peak", "InProgress", metrics=[first, ROWS[1]], supervisor_pid=sleeper.pid)
+        assert "MFU 20.0% of a measured peak |" in live.Progress(LocalJob("peak")).snapshot().text()
+        gpu = {**ROWS[0], "fingerprint": {"device": "cuda", "peak_source": "datasheet: H100 SXM bfloat16 dense"}}
+        fake_job("datasheet", "InProgress", metrics=[gpu, ROWS[1]], supervisor_pid=sleeper.pid)
+        assert "MFU 20.0% |" in live.Progress(LocalJob("datasheet")).snapshot().text()
+    finally:
+        sleeper.kill()
+
+
 def test_duration():
     assert [live.duration(s) for s in (0, 59.9, 61, 3600 + 62)] == ["0s", "59s", "1m01s", "1h01m02s"]
 

@@ -122,13 +122,24 @@ def test_every_section_drawn_from_a_full_job(tmp_path):
     for key in PLOTS:
         assert f'data-plot="{key}"' in sections[key] and f'id="plot-{key}"' in sections[key], key
     assert 'class="missing"' not in page
-    assert "final loss 5, median 1,004 tokens/s, median MFU 4.00%" in page
+    # the rows' peak was measured at start-up (a CPU): the MFU says so, where a datasheet's peak does not
+    assert "final loss 5, median 1,004 tokens/s, median MFU 4.00% of a measured peak" in page
+    assert "measured at start-up on this machine" in sections["throughput"]
     assert "Test CPU 9000" in sections["fingerprint"] and "measured at start-up" in sections["fingerprint"]
     assert "0.0123" in sections["cost"] and "on-demand" in sections["cost"] and "USD" in sections["cost"]
     assert "partition_group_size" in sections["job"] and "2 x local, 2 process(es) per host" in sections["job"]
     assert "no HostPhases" not in sections["timeline"]
     assert "startup: until training ran" in sections["timeline"]  # 8 s of 60: a zoomed panel of its own
     assert re.search(r'"y":\["algo-2"\]', sections["timeline"])  # a lane per host
+
+
+def test_mfu_is_labelled_only_where_its_peak_was_measured():
+    rows = [_row(1), _row(2)]
+    assert report._summary(rows).endswith("median MFU 4.00% of a measured peak, 2 step rows (steps 1..2)")
+    rows[0]["fingerprint"]["peak_source"] = "datasheet: H100 SXM bfloat16 dense (NVIDIA H100 80GB HBM3)"
+    assert "median MFU 4.00%, 2 step rows" in report._summary(rows)
+    del rows[0]["fingerprint"]  # a script's own rows: nothing says, nothing added
+    assert "median MFU 4.00%, 2 step rows" in report._summary(rows)
 
 
 def test_the_file_is_self_contained(tmp_path):

@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.text import Text
 
 from trainyard.sdk.jobs.joblog import parse
+from trainyard.sdk.jobs.metrics import measured_peak
 
 PLAIN_EVERY_S = 30.0
 MODE_ENV = "TRAINYARD_PROGRESS"
@@ -49,6 +50,9 @@ class Snapshot:
     loss: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
+    mfu_measured: bool = False
+    """The MFU's peak was measured at start-up (a CPU, an unknown GPU), not a datasheet's: it moves with the
+    machine's load, so the line says so."""
     elapsed_s: float = 0.0
     eta_s: float | None = None
 
@@ -61,7 +65,7 @@ class Snapshot:
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:,.0f} tok/s")
         if self.mfu is not None:
-            parts.append(f"MFU {100 * self.mfu:.1f}%")
+            parts.append(f"MFU {100 * self.mfu:.1f}%" + (" of a measured peak" if self.mfu_measured else ""))
         parts.append(f"{duration(self.elapsed_s)} elapsed")
         if self.eta_s is not None:
             parts.append(f"ETA {duration(self.eta_s)}")
@@ -92,6 +96,7 @@ class Progress:
                              if d["Name"].rsplit(":", 1)[-1].lower() == "loss"]
         self.step: int | None = None
         self.loss = self.tokens_per_s = self.mfu = None
+        self.mfu_measured = False
         self.seen: list[tuple[float, int]] = []  # (the stamp of the log line, step) as first seen
         self.step_times: list[float] = []  # the last rows' step_time_s
 
@@ -137,6 +142,8 @@ class Progress:
                 row = json.loads(line)
             except ValueError:
                 continue
+            if measured_peak(row) is not None:
+                self.mfu_measured = measured_peak(row)
             if isinstance(row.get("step"), int):
                 self.step = row["step"]  # the latest row's: a restarted job goes back to its checkpoint
             if isinstance(row.get("step_time_s"), (int, float)):
@@ -169,7 +176,8 @@ class Progress:
         until = datetime.fromisoformat(end) if end else datetime.now(timezone.utc)
         elapsed = (until - created).total_seconds() if created else 0.0
         return Snapshot(phase=phase, step=self.step, total=self.total, loss=self.loss,
-                        tokens_per_s=self.tokens_per_s, mfu=self.mfu, elapsed_s=elapsed,
+                        tokens_per_s=self.tokens_per_s, mfu=self.mfu, mfu_measured=self.mfu_measured,
+                        elapsed_s=elapsed,
                         eta_s=self._eta() if phase == "Training" else None)
 
 

@@ -26,6 +26,7 @@ from trainyard.container.phases import FIRST_STEP
 from trainyard.job import catalog, storage
 from trainyard.sdk.jobs.format import human_duration, human_size, local_time
 from trainyard.sdk.jobs.joblog import parse
+from trainyard.sdk.jobs.metrics import measured_peak
 from trainyard.sdk.store import ensure_store
 
 INSTALL_HINT = "pip install 'trainyard[report]'"
@@ -138,6 +139,8 @@ class _Plots:
                                ("TFLOP/s per device", [("tflops_per_device", "TFLOP/s per device")])])
         s.note = _absent(_missing(keys, self.steps), "jobs of older Trainyard versions and scripts of your own "
                                                      "do not write them; MFU needs the model's FLOPs per token")
+        if _mfu_measured(self.steps):
+            s.note = " ".join(filter(None, [s.note, MEASURED_MFU]))
         return s
 
     def step_time(self) -> Section:
@@ -422,6 +425,16 @@ def _store_client(spec):
     return endpoint.client()
 
 
+MEASURED_MFU = ("MFU here is against a peak the engine measured at start-up on this machine (a CPU, or a GPU "
+                "not in its datasheet table), while every rank computed: it moves with the machine's load, so "
+                "compare runs by tokens/s.")
+
+
+def _mfu_measured(steps: list[dict]) -> bool:
+    """What the first row that says (the engine's first row of each run, its fingerprint) says."""
+    return next((m for r in steps if (m := measured_peak(r)) is not None), False)
+
+
 def _summary(steps: list[dict]) -> str:
     parts = []
     loss = _series(steps, "loss")[1]
@@ -432,7 +445,7 @@ def _summary(steps: list[dict]) -> str:
         parts.append(f"median {statistics.median(tps):,.0f} tokens/s")
     mfu = _series(steps, "mfu")[1]
     if mfu:
-        parts.append(f"median MFU {statistics.median(mfu):.2%}")
+        parts.append(f"median MFU {statistics.median(mfu):.2%}" + (" of a measured peak" if _mfu_measured(steps) else ""))
     if steps:
         parts.append(f"{len(steps)} step rows (steps {steps[0]['step']}..{steps[-1]['step']})")
     return ", ".join(parts) or "no step metrics"
