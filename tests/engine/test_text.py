@@ -96,6 +96,27 @@ def test_cache_key_follows_files_and_tokenizer(tmp_path, tokenizer):
     assert _source(path, other, tmp_path / "cache", vocab_size=VOCAB + 20).built
 
 
+def test_two_hosts_with_the_same_files_share_one_cache_key(tmp_path, tokenizer):
+    """Hosts stage a channel at different times: same content, other mtimes, one key (and so one cache where
+    they share a folder). A same-size edit with the old mtime gets a new key."""
+    for host in ("algo-1", "algo-2"):
+        (tmp_path / host).mkdir()
+    first = _channel(tmp_path / "algo-1", "jsonl", _sentences(20))
+    second = _channel(tmp_path / "algo-2", "jsonl", _sentences(20))
+    for rel in os.listdir(second):
+        os.utime(os.path.join(second, rel), ns=(10**18, 10**18))
+    one = _source(first, tokenizer, tmp_path / "cache")
+    two = _source(second, tokenizer, tmp_path / "cache")
+    assert one.built and not two.built and two.cache_file == one.cache_file
+    part = os.path.join(second, sorted(os.listdir(second))[0])
+    text, st = open(part).read(), os.stat(part)
+    with open(part, "w") as f:
+        f.write(text.replace("a", "b", 1))  # the same size
+    os.utime(part, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same time
+    edited = _source(second, tokenizer, tmp_path / "cache")
+    assert edited.built and edited.cache_file != one.cache_file
+
+
 def test_txt_file_is_one_document(tmp_path, tokenizer):
     (tmp_path / "ch").mkdir()
     (tmp_path / "ch" / "book.txt").write_text("First paragraph of the book.\n\nSecond paragraph.\n")

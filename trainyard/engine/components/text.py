@@ -19,8 +19,9 @@ EOS_NAMES in the vocabulary; with none, documents are concatenated as they are. 
 
 Cache. The stream is written once to `cache_dir` (default: `default_cache_dir()`, never the channel, which
 may be read-only) as raw little-endian uint16 when every id of the tokenizer fits, else uint32, named
-`text-<key>.<dtype>` where key hashes (relative paths, sizes and mtimes of the files, tokenizer.json,
-the EOS id, text_field, CACHE_FORMAT): a restarted job memory-maps it instead of tokenizing again.
+`text-<key>.<dtype>` where key hashes the files' relative paths and contents, tokenizer.json's content, the
+EOS id, text_field and CACHE_FORMAT (content, not times: hosts that staged the same files share one key): a
+restarted job memory-maps it instead of tokenizing again, after reading the files once to hash them.
 A builder writes a private temporary file, fsyncs it and renames it into place, so a reader sees a whole
 file or none. Processes of one host take an flock on `text-<key>.lock`: one tokenizes, the others wait
 and then map its file; on a file system without locks each may build, and renames of identical content
@@ -215,13 +216,22 @@ def _tokenizer_file(tokenizer_path: str) -> str:
 
 
 def _cache_key(path: str, files: list[str], tokenizer_file: str, eos_id: int | None, text_field: str) -> str:
+    """What the cache holds, from content alone: two hosts that staged the same files (at other times: other
+    mtimes) share one key, and an edited file with the same size and time gets a new one."""
     h = hashlib.sha256(json.dumps([CACHE_FORMAT, text_field, eos_id]).encode())
-    for file in files:
-        st = os.stat(file)
-        h.update(json.dumps([os.path.relpath(file, path), st.st_size, st.st_mtime_ns]).encode())
-    with open(tokenizer_file, "rb") as f:
-        h.update(hashlib.sha256(f.read()).digest())
+    for file in [*files, tokenizer_file]:
+        h.update(json.dumps([os.path.relpath(file, path) if file != tokenizer_file else "tokenizer",
+                             os.path.getsize(file)]).encode())
+        h.update(_digest(file))
     return h.hexdigest()[:24]
+
+
+def _digest(file: str) -> bytes:
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.digest()
 
 
 @contextmanager
