@@ -44,6 +44,14 @@ def test_the_lowest_collective_number_is_behind():
     assert culprits == [1] and reason.startswith("Hang: rank 1 (algo-1) is behind in backward at step 41 (last in all_reduce #9)")
 
 
+def test_a_rank_stopped_before_its_first_step_reads_as_start_up():
+    beats = [_beat(0, phase="starting", step=None, seq=0, waiting=False, t=80.0), _beat(1, seq=0)]
+    reason, culprits = diagnose(beats, now=101.0, states={1000: "T", 1001: "S"})
+    assert culprits == [0]
+    assert reason == ("Hang: rank 0 (algo-1) stopped in start-up (before its first step) (SIGSTOP); "
+                      "rank 1 waits in all_gather_into_tensor #0")
+
+
 def test_ranks_text_and_stack_top():
     assert ranks_text([3]) == "rank 3" and ranks_text([2, 0, 1, 5, 7, 6]) == "ranks 0-2,5-7"
     assert stack_top("") == ""

@@ -159,6 +159,13 @@ def test_builtin_trainer_trains_an_hf_model_on_a_text_channel(tmp_path):
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3]) - 1.0, losses
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "model"))
     assert exported.config.vocab_size == 320 and exported.lm_head.weight.abs().sum() > 0
+    # the export carries the channel's tokenizer: the folder loads as a whole, the same tokens as the channel's
+    from tokenizers import Tokenizer
+
+    assert "with the model channel's tokenizer.json" in out
+    same = [Tokenizer.from_file(str(d / "tokenizer.json")).encode(sentences[7]).ids
+            for d in (model_dir, tmp_path / "run" / "model")]
+    assert same[0] == same[1] and len(same[0]) > 3
 
 
 @pytest.mark.slow

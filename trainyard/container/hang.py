@@ -105,6 +105,11 @@ def stack_top(text: str) -> str:
     return ""
 
 
+# the heartbeat's phases (engine/components/heartbeat.py) as the diagnosis says them, where the name alone reads
+# oddly ("stopped in starting")
+PHASE_WORDS = {"starting": "start-up (before its first step)", "exited": "its exit"}
+
+
 def diagnose(beats: list[Beat], now: float, states: dict[int, str] | None = None,
              stacks: dict[int, str] | None = None) -> tuple[str, list[int]]:
     """(the FailureReason's first line, the culprit ranks) for hung `beats`."""
@@ -128,7 +133,8 @@ def diagnose(beats: list[Beat], now: float, states: dict[int, str] | None = None
                     else ("is behind", f"last in {b.collective} #{b.seq}"))
         at = f" at step {b.step}" if b.step is not None else ""
         notes = [n for n in (why, stack_top(stacks.get(b.rank, ""))) if n]
-        parts.append(f"rank {b.rank} ({b.host}) {how} in {b.phase}{at}" + (f" ({'; '.join(notes)})" if notes else ""))
+        where = PHASE_WORDS.get(b.phase, b.phase)
+        parts.append(f"rank {b.rank} ({b.host}) {how} in {where}{at}" + (f" ({'; '.join(notes)})" if notes else ""))
     groups: dict[tuple, list[int]] = {}
     for b in beats:
         if b not in culprits and b.waiting:

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import time
 
 import torch
@@ -61,6 +62,23 @@ def _number(x: float) -> str:
     return f"{x:.0f}" if x >= 1 and float(x).is_integer() else f"{x:g}"
 
 
+# what a Hugging Face model folder holds besides its weights and config.json that a user loads it with: the
+# tokenizer (any of its forms), its chat template and the generation defaults; the export carries them along
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
+                   "chat_template.json", "generation_config.json")
+
+
+def copy_tokenizer(src: str, dst: str) -> list[str]:
+    """The model folder `src`'s tokenizer and generation files (TOKENIZER_FILES) into `dst`; returns their names."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+            copied.append(name)
+    return copied
+
+
 def _has_weights(folder: str) -> bool:
     return any(os.path.exists(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
@@ -75,9 +93,10 @@ class Trainer:
         if cfg.dtype == "float8":  # before any model work: an FP8-capable GPU and torchao
             float8.require_float8(self.ctx.device, "dtype")
         self.dtype = self._compute_dtype()
-        hf_dir = None
+        hf_dir = self.hf_dir = None
         if cfg.model == "hf":
             model, hf_dir = build_hf(cfg.model_channel)
+            self.hf_dir = hf_dir
             vocab = model.config.vocab_size
         else:
             model, vocab = build_model(MODEL_CONFIGS[cfg.model]), MODEL_CONFIGS[cfg.model].vocab_size
@@ -273,6 +292,10 @@ class Trainer:
         out = model_dir()
         if self.cfg.model == "hf":
             api.save_model(self.model, out)
+            if self.ctx.is_main:
+                copied = copy_tokenizer(self.hf_dir, out)
+                if copied:
+                    self.log(f"with the model channel's {', '.join(copied)}")
             self.log(f"model written to {out}")
             return
         state = api.full_state_dict(self.model)
