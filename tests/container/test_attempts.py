@@ -77,3 +77,13 @@ def test_sagemaker_and_kubernetes_translations():
     assert attempts.sagemaker_retry(3) == {"RetryStrategy": {"MaximumRetryAttempts": 3}}
     assert attempts.kubernetes_retry(0) == {"restartPolicy": "Never", "backoffLimit": 0}
     assert attempts.kubernetes_retry(2) == {"restartPolicy": "OnFailure", "backoffLimit": 2}
+
+
+def test_the_one_line_why_of_a_failed_rank_names_its_exception_not_a_bare_colon():
+    from trainyard.container.failure import headline
+
+    d = _decide(reason=KILLED + ":\n[rank3]: Traceback (most recent call last):\n  ...\nMemoryError", attempt=1)
+    assert d.why == ("attempt 1 failed (killed process): algo-2 rank 3 (local rank 1) was killed by SIGKILL: "
+                     "MemoryError")
+    assert headline(USER) == "algo-1 rank 0 (local rank 0) exited with code 1: ValueError: boom"
+    assert headline(HANG) == HANG and headline(KILLED) == KILLED and headline("  \n") == ""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainyard.container.failure import FAILURE_REASON_LIMIT, retry_class
+from trainyard.container.failure import FAILURE_REASON_LIMIT, headline, retry_class
 
 Action = Literal["restart", "shrink", "end"]
 
@@ -45,9 +45,9 @@ def decide(*, outcome: str, reason: str, attempt: int, max_retry_attempts: int, 
             else ""
         return Decision("end", why, None, instance_count)
     if attempt > max_retry_attempts:
-        return Decision("end", f"{reason.splitlines()[0] if reason else outcome} and no retry is left "
+        return Decision("end", f"{headline(reason) if reason else outcome} and no retry is left "
                                f"(max_retry_attempts={max_retry_attempts})", cls, instance_count)
-    why = f"attempt {attempt} failed ({cls}): {reason.splitlines()[0][:200] if reason else outcome}"
+    why = f"attempt {attempt} failed ({cls}): {headline(reason)[:200] if reason else outcome}"
     left = instance_count - len(lost_hosts)
     if cls == "lost host" and lost_hosts and elastic_min is not None and left >= elastic_min:
         return Decision("shrink", f"{why}; elastic: {', '.join(lost_hosts)} lost for good, going on with {left} "

@@ -52,7 +52,7 @@ from trainyard.container.ckpt_sync import CheckpointSync
 from trainyard.container.codefetch import fetch_code
 from trainyard.container.contract import JOB_FILE, PLATFORM_ENV, render_contract, under_root, user_args
 from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
-from trainyard.container.failure import RankFailure, root_cause, tail
+from trainyard.container.failure import RankFailure, headline, root_cause, tail
 from trainyard.container.hang import HANG_WATCH_ENV, HostHangWatch, heartbeat_dir
 from trainyard.engine.components.contract import FIRST_STEP_ENV
 from trainyard.engine.components.process_exit import exit_now
@@ -457,7 +457,7 @@ def finish(run: HostRun, code: int, failure: RankFailure | None, reason: str, lo
         write_failure(root, reason)
         with open(f"{root}/output/failure") as fh:
             reason = fh.read(1024)
-        run.say("FAILED: " + (reason.splitlines() or [""])[0])
+        run.say("FAILED: " + headline(reason))
     if run.index == 0 and os.environ.get(PLATFORM_ENV) == "sagemaker":
         run.say("SageMaker uploads /opt/ml/model and /opt/ml/output/data")
     elif run.index == 0:  # artifacts are uploaded whatever the outcome: nothing is lost on failure or stop

@@ -59,6 +59,16 @@ class RankFailure:
         return asdict(self)
 
 
+def headline(reason: str) -> str:
+    """A FailureReason as one line (the log's FAILED line, an attempt's note, the job's last line): its first
+    line, and where that is a rank's head ending in ':' with its traceback below, the traceback's last line (the
+    exception) after it rather than a bare colon."""
+    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return f"{lines[0]} {lines[-1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
 def root_cause(failures: list[RankFailure]) -> RankFailure:
     """The failure that caused the others: non-echo first, then one that ended on its own (not by
     torchrun's SIGTERM), then the earliest, then the lowest rank."""

@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable
 
 from trainyard.container.contract import render_contract, write_contract
+from trainyard.container.failure import headline
 from trainyard.container.hang import HANG_WATCH_ENV
 from trainyard.container.hostnames import HOSTS_FILE, RESOLVES_ENV, update_hosts_file
 from trainyard.container.imds import SPOT_POLL_S, Imds, SpotWatcher
@@ -458,7 +459,7 @@ class Agent:
         else:
             reason = why or failure or result.get("reason") or \
                 f"{self.host}: the driver exited with status {code} and left no failure report"
-            self.status.write("Failed", (reason.splitlines() or [""])[0], exit_code=code, failure_reason=reason)
+            self.status.write("Failed", headline(reason), exit_code=code, failure_reason=reason)
         return code
 
 

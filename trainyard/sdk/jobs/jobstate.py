@@ -16,6 +16,7 @@ import os
 import time
 from datetime import datetime
 
+from trainyard.container.failure import headline
 from trainyard.job.jsonio import now_iso, read_json, write_json
 from trainyard.job import space
 from trainyard.job.storage import output_prefix
@@ -100,7 +101,7 @@ def record_outcome(status: Status, spec, outcome: str, reason: str, *, artifacts
     message = {"Completed": "Training job completed", "Failed": "Training job failed",
                "Stopped": "Training job stopped", "MaxRuntimeExceeded": "Job stopped: max_run reached"}[outcome]
     status.transition(outcome, message, status=final)
-    log(f"job {spec.job_name}: {final}" + (f": {reason.splitlines()[0]}" if reason else ""))
+    log(f"job {spec.job_name}: {final}" + (f": {headline(reason)}" if reason else ""))
     return final
 
 

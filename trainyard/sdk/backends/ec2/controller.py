@@ -31,7 +31,7 @@ import sys
 import time
 
 from trainyard.container import attempts
-from trainyard.container.failure import ECHO_SETTLE_S, cause_rank, first_cause
+from trainyard.container.failure import ECHO_SETTLE_S, cause_rank, first_cause, headline
 from trainyard.container.metricship import METRICS_FILE, read_parts
 from trainyard.job.spec import JobSpec
 from trainyard.job.uris import join, split_s3
@@ -186,7 +186,7 @@ class Controller:
                         break
                     decision = self.decide(attempt, "Failed", reason)
                     if decision.action == "end" or not self.retry(
-                            attempt, f"{reason.splitlines()[0][:120]} ({decision.retry_class})", started,
+                            attempt, f"{headline(reason)[:120]} ({decision.retry_class})", started,
                             status="Restarting"):
                         if decision.why and decision.retry_class is None:
                             _log(decision.why)
