@@ -42,7 +42,22 @@ def test_piped_table_is_plain_text(capsys):
     assert main([*ARGS, "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "╭" not in out and "\x1b" not in out
-    assert out.splitlines()[1].split()[:3] == ["#", "fits", "dp"] and len(out.splitlines()) == 5
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["#", "fits", "dp"] and [ln.split()[0] for ln in lines[2:5]] == ["1", "2", "3"]
+    # then what the columns are, wrapped; no note about nominal speeds off local hosts
+    legend = " ".join(lines[5:])
+    assert legend.startswith("dp: data-parallel ranks; p: MiCS partition group") and "are predicted" in legend
+    assert "nominal" not in legend and all(len(ln) <= 120 for ln in lines[5:])
+
+
+def test_local_speeds_are_said_to_be_nominal_and_a_typo_gets_a_suggestion(capsys):
+    assert main(["plan", "--model", "tiny", "--seq-len", "32", "--global-batch-size", "8", "--instance-type",
+                 "local", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny: 0.50M parameters") and "do not predict what a run here measures" in \
+        " ".join(out.split())
+    assert main([*ARGS[:2], "llama3-8bb", *ARGS[3:]]) == 2
+    assert "did you mean 'llama3-8b'?" in capsys.readouterr().err
 
 
 def test_bad_input_exits_2_naming_the_field(capsys):

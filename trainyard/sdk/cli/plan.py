@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
+import shutil
+import textwrap
 
+from trainyard.job import catalog
 from trainyard.job.plan import Plan, PlannedLayout, plan
 from trainyard.sdk.jobs.format import human_duration, human_size, print_table
 
@@ -14,6 +17,14 @@ EXAMPLES = ("trainyard plan --model llama3-8b --seq-len 8192 --global-batch-size
             "p4d.24xlarge --instance-count 8 --train-tokens 1e11\n"
             "trainyard plan --model llama3-70b --seq-len 8192 --global-batch-size 256 --instance-type p5.48xlarge "
             "--instance-count 8 --json | jq '.layouts[0]'")
+LEGEND = ("dp: data-parallel ranks; p: MiCS partition group (ranks sharing one copy of the model state); tp, pp: "
+          "tensor- and pipeline-parallel degrees (and schedule); micro-batch: sequences x micro-batches per step and "
+          "rank; AC: activation checkpointing; offload: optimizer state in host memory. memory/GPU, tokens/s/GPU and "
+          "MFU are predicted (formulas and calibration: docs/plan.md); $/M tokens at the On-Demand list price. "
+          "--json lists every layout.")
+LOCAL_NOTE = ("local: no datasheet for this machine's CPU, so the speed columns (tokens/s/GPU, MFU) come from a "
+              "nominal CPU peak: they rank the layouts against each other, they do not predict what a run here "
+              "measures. The memory columns hold.")
 HEADERS = ["#", "fits", "dp", "p", "tp", "pp", "micro-batch", "AC", "offload", "memory/GPU", "tokens/s/GPU", "MFU",
            "$/M tokens"]
 
@@ -105,7 +116,8 @@ def show_plan(a) -> int:
     fitting = sum(p.fits for p in result.layouts)
     counts = result.instance_counts
     several = len(counts) > 1
-    print(f"{shape.name}: {shape.total_params / 1e9:.2f}B parameters, seq {result.seq_len}, global batch "
+    size = f"{shape.total_params / 1e9:.2f}B" if shape.total_params >= 1e9 else f"{shape.total_params / 1e6:.2f}M"
+    print(f"{shape.name}: {size} parameters, seq {result.seq_len}, global batch "
                     f"{result.global_batch_size}; {'/'.join(map(str, counts))} x {hw.instance_type} "
                     f"({hw.gpus_per_host} x "
                     f"{hw.accelerator}, {human_size(hw.gpu_memory_bytes)} each, {human_size(hw.usable_memory_bytes)} "
@@ -115,4 +127,7 @@ def show_plan(a) -> int:
     rows = [_row(i, p, several) for i, p in enumerate(result.layouts[:a.top], 1)]
     print_table(headers, rows, right=("#", "hosts", "dp", "p", "tp", "memory/GPU", "tokens/s/GPU", "MFU",
                                       "$/M tokens", "$ to train"))
+    width = min(shutil.get_terminal_size((100, 24)).columns, 120)
+    for text in (LEGEND, *([LOCAL_NOTE] if hw.instance_type == catalog.LOCAL else [])):
+        print(textwrap.fill(text, width, break_on_hyphens=False))
     return 0
