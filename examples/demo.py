@@ -3,10 +3,12 @@
 The built-in trainer trains the ~10M-parameter Llama-style model on 2 emulated hosts x 1 process each
 (FSDP2 over gloo), checkpoints to s3:// on the embedded object store, and uploads model.tar.gz.
 """
+import os
 import time
 from datetime import datetime, timezone
 
 from trainyard import Estimator
+from trainyard.sdk.store import store_root
 
 STEPS = 20
 job_name = "demo-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -33,5 +35,12 @@ print(f"loss: step {m[0]['step']} {m[0]['loss']:.4f} -> step {m[-1]['step']} {m[
 print(f"model artifact: {d['ModelArtifacts']['S3ModelArtifacts']}")
 print(f"checkpoints:    {checkpoints}/step-00000010/, step-00000020/ (each committed by its .metadata)")
 print(f"job folder:     {job.dir}")
-print("store:          the embedded S3 endpoint keeps these objects under ~/.trainyard/store; "
-      "`trainyard store` shows its address")
+
+def _megabytes(folder: str) -> float:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files) / 1e6
+
+
+print(f"store:          the embedded S3 endpoint keeps these objects under {store_root()} ({_megabytes(store_root()):,.0f} "
+      "MB now); `trainyard store` shows its address")
+print(f"clean up:       trainyard store rm -r s3://trainyard-demo/{job_name} && "
+      f"trainyard store rm -r s3://trainyard-default/{job_name} && trainyard rm {job_name}")

@@ -219,6 +219,13 @@ def test_the_driver_adds_the_variables_and_logs_one_line(tmp_path):
     assert out.getvalue() == ("[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0; "
                               "kept the job's NCCL_SOCKET_IFNAME=eth0\n")
 
+    # a CPU host (no GPU, no EFA device: gloo, no NCCL): the variables all the same, and not a word
+    cpu = _detect(tmp_path, *_efa_host(tmp_path / "cpu", 0))
+    environ, out = {}, io.StringIO()
+    with redirect_stdout(out):
+        driver.configure_network("algo-1", environ, detect=lambda: cpu)
+    assert out.getvalue() == "" and environ["TRAINYARD_EFA_DEVICES"] == "0" and "NCCL_SOCKET_IFNAME" in environ
+
     def broken():
         raise PermissionError("sysfs says no")
 

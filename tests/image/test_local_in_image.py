@@ -43,7 +43,8 @@ def test_a_2x2_mics_job_trains_in_the_image_as_in_host_mode(engine, cpu_image):
     assert image_job.status() == host_job.status() == "Completed"
     assert len(_losses(image_job)) == 3
     assert _losses(image_job) == pytest.approx(_losses(host_job), rel=1e-6, abs=1e-6)
-    assert "driver: launching" in image_job.log_text() and "--master-addr algo-1" in image_job.log_text()
+    assert "driver: launching -m trainyard.engine.train" in image_job.log_text()
+    assert "rendezvous at algo-1:" in image_job.log_text()  # the first host's name resolves in the image
     assert leftovers(engine, image_job.name) == {}
     print(f"2 x 2 job: {runs['image'][1]:.1f} s in the image, {runs['host'][1]:.1f} s as processes")
 

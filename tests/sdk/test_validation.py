@@ -148,6 +148,11 @@ def test_bad_inputs(src, inputs, field, nothing_started):
     _refused(field, est.fit, inputs, wait=False)
 
 
+def test_an_unknown_logs_mode_is_refused_before_anything_starts(src, nothing_started):
+    msg = _refused("logs", _est(src).fit, logs="Everything")
+    assert "'All', 'None' or 'Rules'" in msg
+
+
 def test_inputs_that_do_not_exist(src, tmp_path, nothing_started):
     est = _est(src)
     _refused("inputs.train", est.fit, {"train": f"file://{tmp_path}/missing"}, wait=False)

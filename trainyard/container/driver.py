@@ -101,18 +101,30 @@ def build_torchrun_command(
     return [*cmd, entry_point, *args]
 
 
+def launch_line(spec: JobSpec, index: int, master_addr: str, master_port: int) -> str:
+    """What the host starts, in one short line: the entry point and its arguments as the user gave them, the
+    processes, and where torchrun meets (its other flags are the same for every job: build_torchrun_command)."""
+    entry = " ".join([spec.entry_point if spec.entry_kind == "script" else f"-m {spec.entry_point}",
+                      *user_args(spec.hyperparameters)])
+    return (f"launching {entry} on {spec.processes_per_host} process(es), host {index + 1} of "
+            f"{spec.instance_count} (torchrun, rendezvous at {master_addr}:{master_port})")
+
+
 def _say(host: str, msg: str) -> None:
     print(f"[{host}] driver: {msg}", flush=True)
 
 
 def configure_network(host: str, environ=None, detect=efa.detect) -> None:
     """Add the NCCL/EFA variables the devices call for to `environ` (default: this process's) and log one
-    line: `[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0 ...`."""
+    line: `[algo-1] driver: EFA: 4 device(s), aws-ofi-nccl 1.9.1; set FI_EFA_USE_HUGE_PAGE=0 ...`. A host
+    with neither GPUs nor EFA devices (a CPU host: gloo, no NCCL) gets the same variables and no line."""
     environ = os.environ if environ is None else environ
     try:
         found = detect()
         line = efa.configure(environ, found)
         environ.setdefault("TRAINYARD_EFA_DEVICES", str(len(found.efa_devices)))  # the engine's fingerprint
+        if not found.gpus and not found.efa_devices:
+            return
     except Exception as e:  # detection must never fail a job: NCCL then runs on its own defaults
         line = f"EFA/NCCL detection failed ({type(e).__name__}: {e}); set nothing"
     _say(host, line)
@@ -432,7 +444,7 @@ def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
         master_addr=run.master_addr, master_port=run.job["master_port"], entry_point=spec.entry_point,
         entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
     )
-    run.say("launching " + " ".join(cmd[1:]))
+    run.say(launch_line(spec, run.index, run.master_addr, run.job["master_port"]))
     code, failure, hang = run_training(cmd, run.code_dir, run.host, log_dir, phases=run.phases,
                                        metrics_file=f"{run.root}/output/data/{METRICS_FILE}",
                                        regexes=[d["Regex"] for d in spec.metric_definitions],
