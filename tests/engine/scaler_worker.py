@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import trainyard.engine as te
 from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
+from trainyard.engine.components.process_exit import exit_now
 
 SEED, LR, CLIP, SEQ, VOCAB, STEPS, POISONED = 5, 1e-3, 1.0, 16, 128, 3, 2
 SHAPE = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=64)
@@ -106,3 +107,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now(0)  # without the interpreter's teardown of torch (~1 s of CPU per rank; engine/components/process_exit.py)

@@ -66,10 +66,18 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory) -> dict:
+    """One launch on 2 hosts x 2 processes serves both tests below: the oracle cases, the syncs' comparison and
+    the meter's cases (each launch starts 6 processes and checks the collectives again)."""
+    return run_on_two_hosts(WORKER, CASES + [{"name": "syncs", "compare_syncs": True}] + METER_CASES,
+                            tmp_path_factory.mktemp("mics"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_mics_matches_the_single_process_oracle(tmp_path):
-    errors = run_on_two_hosts(WORKER, CASES + [{"name": "syncs", "compare_syncs": True}], tmp_path)
+def test_mics_matches_the_single_process_oracle(two_hosts):
+    errors = {k: v for k, v in two_hosts.items() if k not in {c["name"] for c in METER_CASES}}
     # the pipelined hierarchical all-gather (3 ragged pieces) and the unpipelined one equal the flat one
     assert errors.pop("all_gather_identical") is True and errors.pop("reduce_scatter_identical") is True
     # the norm clipping computes for CPU-offloaded gradient shards equals the full tensors' norm
@@ -112,8 +120,8 @@ def expected_bytes(case: dict, blocks: int, total: int) -> tuple[float, float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_comm_meter_and_memory_match_the_formulas(tmp_path):
-    results = run_on_two_hosts(WORKER, METER_CASES, tmp_path)
+def test_comm_meter_and_memory_match_the_formulas(two_hosts):
+    results = two_hosts
     for case in METER_CASES:
         got = results[case["name"]]
         intra, inter = expected_bytes(case, got["blocks_bytes"], got["total_bytes"])

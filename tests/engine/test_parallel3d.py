@@ -92,10 +92,17 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def two_hosts_of_4(tmp_path_factory) -> dict:
+    """One launch on 2 hosts x 4 processes serves the oracle and the meter tests below (each launch starts 10
+    processes)."""
+    return run_on_two_hosts(WORKER, CASES + METER_CASES, tmp_path_factory.mktemp("parallel3d"), processes_per_host=4)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_3d_layouts_match_the_single_process_oracle(tmp_path):
-    errors = run_on_two_hosts(WORKER, CASES, tmp_path, processes_per_host=4)
+def test_3d_layouts_match_the_single_process_oracle(two_hosts_of_4):
+    errors = {k: v for k, v in two_hosts_of_4.items() if k not in {c["name"] for c in METER_CASES}}
     assert set(errors) == {c["name"] for c in CASES}
     assert all(e <= 1e-5 for e in errors.values()), errors
 
@@ -110,8 +117,8 @@ SEQ, DIM, LAYERS = 16, 64, 4  # parallel_worker's model and sequence (one sequen
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_comm_meter_and_memory_cover_every_dimension(tmp_path):
-    results = run_on_two_hosts(WORKER, METER_CASES, tmp_path, processes_per_host=4)
+def test_comm_meter_and_memory_cover_every_dimension(two_hosts_of_4):
+    results = two_hosts_of_4
     for case in METER_CASES:
         tp, pp, m = case.get("tp", 1), case.get("pp", 1), case["microbatches"]
         dp_shard = case.get("dp_shard", 8 // (tp * pp))
