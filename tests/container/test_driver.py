@@ -113,6 +113,26 @@ def test_a_silent_rank_is_dated_by_torchrun_not_by_its_first_words(tmp_path):
     assert abs(failure(3, 1, 1000, words_at=1000.4).time - 1000.4) < 1e-3  # last words at its end: the finer clock
 
 
+def test_a_rank_silent_on_stderr_is_reported_with_its_stdout_or_as_silent(tmp_path):
+    """The evidence for a rank that exits without a traceback: its stdout's last lines, or the fact that it
+    printed nothing at all (both were a bare head before)."""
+    from types import SimpleNamespace
+
+    from trainyard.container.driver import _rank_failure
+
+    folder = tmp_path / "run" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("")
+    (folder / "stdout.log").write_text("step 3/10 loss 2.5\nexiting: my own check failed\n")
+    f = SimpleNamespace(local_rank=0, exitcode=1, timestamp=1000, message="", signal_name=lambda: "")
+    got = _rank_failure("algo-1", 0, f, str(tmp_path))
+    assert got.reason() == ("algo-1 rank 0 (local rank 0) exited with code 1:\n(nothing on stderr; its last lines "
+                            "on stdout:)\nstep 3/10 loss 2.5\nexiting: my own check failed")
+    (folder / "stdout.log").write_text("")
+    assert _rank_failure("algo-1", 0, f, str(tmp_path)).reason() == (
+        "algo-1 rank 0 (local rank 0) exited with code 1:\n(it printed nothing on stdout or stderr)")
+
+
 def test_first_cause_among_the_hosts_reasons():
     from trainyard.container.failure import first_cause
 

@@ -223,8 +223,15 @@ def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
             when = words
         with open(stderr, errors="replace") as fh:
             text = tail(fh.read())
+        stdout = os.path.join(os.path.dirname(stderr), "stdout.log")
+        if not text and f.exitcode > 0 and os.path.exists(stdout):  # an exit without a traceback: what it printed
+            with open(stdout, errors="replace") as fh:
+                printed = tail(fh.read())
+            text = f"(nothing on stderr; its last lines on stdout:)\n{printed}" if printed.strip() else ""
     if not text and f.message and "To enable traceback" not in str(f.message):
         text = tail(str(f.message))
+    if not text and f.exitcode > 0:  # a rank that exited printing nothing at all: say so, not a bare head
+        text = "(it printed nothing on stdout or stderr)"
     signal = f.signal_name() if f.exitcode < 0 else ""
     return RankFailure(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, signal=signal,
                        time=when, last_lines=text)
