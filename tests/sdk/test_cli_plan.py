@@ -57,7 +57,7 @@ def test_local_speeds_are_said_to_be_nominal_and_a_typo_gets_a_suggestion(capsys
     assert out.startswith("tiny: 0.50M parameters") and "do not predict what a run here measures" in \
         " ".join(out.split())
     assert main([*ARGS[:2], "llama3-8bb", *ARGS[3:]]) == 2
-    assert "did you mean 'llama3-8b'?" in capsys.readouterr().err
+    assert "a folder holding one (did you mean 'llama3-8b'?)" in capsys.readouterr().err
 
 
 def test_bad_input_exits_2_naming_the_field(capsys):

@@ -23,13 +23,12 @@ checked against it by a test).
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from dataclasses import dataclass
 
 from trainyard.parallel.presets import MODEL_CONFIGS, ModelConfig
-from trainyard.errors import ConfigError
+from trainyard.errors import ConfigError, did_you_mean
 
 
 # dense tensor-core TFLOP/s from the vendors' datasheets: {device name fragment: {dtype: peak}}; fp32 runs as
@@ -186,10 +185,8 @@ def resolve_model(model: object) -> ModelShape:
         return from_preset(model)
     path = os.path.join(model, "config.json") if os.path.isdir(model) else model
     if not os.path.isfile(path):
-        close = difflib.get_close_matches(model, list(MODEL_CONFIGS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError("model", f"{model!r} is neither a built-in preset ({', '.join(MODEL_CONFIGS)}) nor a "
-                                   f"config.json file or a folder holding one{hint}")
+                                   f"config.json file or a folder holding one{did_you_mean(model, MODEL_CONFIGS)}")
     try:
         with open(path) as fh:
             config = json.load(fh)
