@@ -11,6 +11,12 @@ from trainyard import Estimator
 from trainyard.sdk.store import store_root
 
 STEPS = 20
+
+
+def _megabytes(folder: str) -> float:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files) / 1e6
+
+
 job_name = "demo-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 checkpoints = f"s3://trainyard-demo/{job_name}/checkpoints"
 
@@ -35,11 +41,6 @@ print(f"loss: step {m[0]['step']} {m[0]['loss']:.4f} -> step {m[-1]['step']} {m[
 print(f"model artifact: {d['ModelArtifacts']['S3ModelArtifacts']}")
 print(f"checkpoints:    {checkpoints}/step-00000010/, step-00000020/ (each committed by its .metadata)")
 print(f"job folder:     {job.dir}")
-
-def _megabytes(folder: str) -> float:
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files) / 1e6
-
-
 print(f"store:          the embedded S3 endpoint keeps these objects under {store_root()} ({_megabytes(store_root()):,.0f} "
       "MB now); `trainyard store` shows its address")
 print(f"clean up:       trainyard store rm -r s3://trainyard-demo/{job_name} && "

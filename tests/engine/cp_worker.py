@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import trainyard.engine as te
 from trainyard.engine.components.data import SyntheticSource
+from trainyard.engine.components.meter import CommMeter
 from trainyard.engine.models.llama.model import ModelConfig, build_model, init_weights
 from trainyard.engine.trainer import token_loss
 from trainyard.engine.components.process_exit import exit_now
@@ -95,6 +96,22 @@ def run(case: dict) -> dict:
             "weights": worst.item(), "evaluate": rel(evaluation, want["evaluate"])}
 
 
+def measure(case: dict) -> list[dict]:
+    """One step of forward and backward under the comm meter: every rank's point-to-point bytes (the ring's
+    sends) and what the meter puts on the `cp` mesh dimension."""
+    model = te.transform(build_model(CFG), distribution=case["distribution"], seed=SEED)
+    layout = te.api._layout(model)
+    m = case["microbatches"]
+    batch = te.rows(model, data(layout.dims.dp * m).global_batch(1))
+    meter = CommMeter(layout.dims.processes_per_host, layout.dims)
+    with meter.active():
+        te.forward_backward(model, batch[:, :-1], batch[:, 1:], token_loss, microbatches=m)
+    totals = meter.totals()
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {"p2p": totals["by_kind"].get("p2p", {}), "cp": totals["by_dim"].get("cp", {})})
+    return every
+
+
 def refused(case: dict) -> str:
     try:
         run(case)
@@ -106,7 +123,8 @@ def refused(case: dict) -> str:
 def main() -> None:
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     te.init({})
-    results = {case["name"]: refused(case) if case.get("refused") else run(case) for case in cases}
+    results = {case["name"]: refused(case) if case.get("refused") else measure(case) if case.get("meter")
+               else run(case) for case in cases}
     if dist.get_rank() == 0:
         with open(out, "w") as fh:
             json.dump(results, fh)

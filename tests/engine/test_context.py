@@ -275,12 +275,26 @@ CP_MICS = [
 ]
 
 
+RING_METER = dict(name="cp2-ring-meter", distribution={"context_parallel_degree": 2}, microbatches=2, meter=True)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cp2_with_mics_on_two_hosts_matches_the_single_process_oracle(tmp_path):
     from .launch import run_on_two_hosts
 
-    _assert_exact(run_on_two_hosts(_worker(), CP_MICS, tmp_path, processes_per_host=2, hosts=2), CP_MICS)
+    results = run_on_two_hosts(_worker(), CP_MICS + [RING_METER], tmp_path, processes_per_host=2, hosts=2)
+    ring = results.pop(RING_METER["name"])
+    _assert_exact(results, CP_MICS)
+    # the comm meter counts the ring's sends, on the cp dimension, inside each host (cp is innermost but for tp):
+    # per micro-batch and layer, keys and values go round cp - 1 times forward and again backward, and their
+    # float32 gradient accumulator cp times: (2 (cp - 1) + cp) x (2 x rows x tokens/rank x kv heads x head_dim x 4)
+    cp, m, layers, tokens = 2, RING_METER["microbatches"], 2, 32 // 2
+    block = 2 * 1 * tokens * 4 * 8 * 4  # a micro-batch of one row; 4 kv heads of 8
+    want = m * layers * (2 * (cp - 1) + cp) * block
+    for rank, got in enumerate(ring):
+        assert got["p2p"]["intra_bytes"] == want and got["p2p"]["inter_bytes"] == 0, (rank, got, want)
+        assert got["cp"]["intra_bytes"] == want, (rank, got)
 
 
 CP_TP = [

@@ -3,10 +3,12 @@
 `CommMeter` counts, while active, the communication of every parallel dimension: the collectives that go
 through `torch.distributed` (FSDP2's all-gathers, reduce-scatters and all-reduces, and the two hops of
 the hierarchical ones), the functional collectives DTensor issues for tensor and sequence parallelism
-(`torch.distributed._functional_collectives`), and the point-to-point sends of the pipeline schedules.
+(`torch.distributed._functional_collectives`), and the point-to-point sends of the pipeline schedules and of
+context parallelism's ring.
 It records calls and bytes per kind and per group, split intra-host / inter-host by where the group's
 ranks live: a group whose ranks are all on one host is intra-host; a group that spans hosts is
-inter-host. A pipeline send is counted as "p2p" with the bytes sent, between this rank and its peer.
+inter-host. A point-to-point send (a pipeline stage's, a step of the context-parallel ring) is counted as "p2p"
+with the bytes sent, between this rank and its peer.
 
 Time is what this rank spends inside a collective's call, plus, for one started with `async_op=True`, inside
 its `wait()`: the communication the step waited for, not what overlapped with compute. (DTensor's
@@ -148,6 +150,8 @@ class CommMeter:
         patches += [(funcol, name, self._wrap_funcol(getattr(funcol, name), *spec)) for name, spec in _FUNCOL.items()
                     if hasattr(funcol, name)]
         patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
+        # the other batched sends: context parallelism's ring (engine/distributed/context.py, GroupRing)
+        patches.append((dist, "batch_isend_irecv", self._wrap_batch(dist.batch_isend_irecv)))
         saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
         for module, name, fn in patches:
             setattr(module, name, fn)
@@ -170,14 +174,34 @@ class CommMeter:
             return fn(*args, **kwargs)
         return metered
 
+    def _sends(self, p2p_ops) -> None:
+        """Count what this rank sends in a batch of point-to-point ops, per pair of ranks."""
+        me = dist.get_rank()
+        for op in p2p_ops:
+            if getattr(op.op, "__name__", "") == "isend":
+                peer = op.peer  # P2POp keeps the peer's global rank
+                self.record_sent("p2p", (min(me, peer), max(me, peer)), op.tensor.numel() * op.tensor.element_size())
+
     def _wrap_p2p(self, fn):
-        """The pipeline schedules' batched point-to-point ops: count what this rank sends."""
+        """The pipeline schedules' batched point-to-point ops: count what this rank sends (once: the
+        batch_isend_irecv a mixed batch goes through is not counted again)."""
         def metered(p2p_ops, *args, **kwargs):
-            me = dist.get_rank()
-            for op in p2p_ops:
-                if getattr(op.op, "__name__", "") == "isend":
-                    peer = op.peer  # P2POp keeps the peer's global rank
-                    self.record_sent("p2p", (min(me, peer), max(me, peer)), op.tensor.numel() * op.tensor.element_size())
+            depth = getattr(self._local, "depth", 0)
+            if depth == 0:
+                self._sends(p2p_ops)
+            self._local.depth = depth + 1
+            try:
+                return fn(p2p_ops, *args, **kwargs)
+            finally:
+                self._local.depth = depth
+        return metered
+
+    def _wrap_batch(self, fn):
+        """`torch.distributed.batch_isend_irecv` called by anything but the pipeline schedules (the
+        context-parallel ring): what this rank sends."""
+        def metered(p2p_ops, *args, **kwargs):
+            if getattr(self._local, "depth", 0) == 0:
+                self._sends(p2p_ops)
             return fn(p2p_ops, *args, **kwargs)
         return metered
 

@@ -142,8 +142,9 @@ class Progress:
                 row = json.loads(line)
             except ValueError:
                 continue
-            if measured_peak(row) is not None:
-                self.mfu_measured = measured_peak(row)
+            measured = measured_peak(row)
+            if measured is not None:
+                self.mfu_measured = measured
             if isinstance(row.get("step"), int):
                 self.step = row["step"]  # the latest row's: a restarted job goes back to its checkpoint
             if isinstance(row.get("step_time_s"), (int, float)):

@@ -59,5 +59,6 @@ def measured_peak(row: dict) -> bool | None:
     """Whether the MFU of a job's rows is against a peak the engine measured at start-up (a CPU or an unknown
     GPU: it moves with the machine's load, so two identical runs can differ widely) rather than a datasheet's;
     None when `row` does not say (the engine says it once, in its first row's fingerprint)."""
-    source = (row.get("fingerprint") or {}).get("peak_source") if isinstance(row.get("fingerprint"), dict) else None
+    fingerprint = row.get("fingerprint")
+    source = fingerprint.get("peak_source") if isinstance(fingerprint, dict) else None
     return source.startswith("measured") if isinstance(source, str) else None
