@@ -389,3 +389,38 @@ def test_the_manager_saves_waits_resumes_and_keeps_what_the_last_save_asked(uri)
     assert ckpt.list_steps(uri) == {2: True, 3: True, 4: True}
     fresh, fresh_opt, fresh_sched = _setup(seed=1)
     assert manager.resume(fresh, fresh_opt, fresh_sched) == 4 and manager.newest_verified() == 4
+
+
+def test_a_stalled_store_request_times_out_within_the_read_timeout(monkeypatch):
+    """A store that accepts connections and answers nothing (an outage behind a load balancer): the checkpoint
+    I/O's client gives up on the request after READ_TIMEOUT_S, then retries, instead of botocore's 60 s. Shown
+    with the timeout cut to 1 s and one attempt, on the options the checkpoint I/O gets (`storage_options`)."""
+    import socket
+    import threading
+    import time
+
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ReadTimeoutError
+
+    from trainyard.engine.components.checkpoint import locations
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held = []
+    threading.Thread(target=lambda: [held.append(server.accept()) for _ in range(4)], daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setattr(locations, "READ_TIMEOUT_S", 1)
+    options = locations.storage_options("s3://stalled/ckpt")
+    assert options["config_kwargs"]["connect_timeout"] == locations.CONNECT_TIMEOUT_S <= 10
+    config = Config(**{**options["config_kwargs"], "retries": {"max_attempts": 1, "mode": "standard"}})
+    s3 = boto3.client("s3", endpoint_url=options["client_kwargs"]["endpoint_url"], region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing", config=config)
+    started = time.monotonic()
+    with pytest.raises(ReadTimeoutError):
+        s3.head_object(Bucket="stalled", Key="ckpt/step-00000001/.metadata")
+    assert time.monotonic() - started < 5
+    server.close()

@@ -44,15 +44,22 @@ def check_location_form(uri: str, *, relative: bool = True) -> None:
                          "s3://bucket/prefix, file:///absolute/path or an absolute path")
 
 
+# seconds to open a connection, and to wait for the next bytes of a response, before botocore retries
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10, 20
+
+
 def storage_options(uri: str) -> dict[str, Any]:
     """fsspec options for `uri`: the S3 endpoint, and the keys when the environment has them, named explicitly,
     so that fsspec's instance cache never hands out a filesystem bound to another endpoint or other keys (it
     keys instances by these options)."""
     if not uri.startswith("s3://"):
         return {}
-    # botocore's "standard" retries: throttling (503 SlowDown), 5xx and dropped connections, with
-    # backoff, on top of s3fs's own retries of the errors it knows
-    options: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 10, "mode": "standard"}}}
+    # botocore's "standard" retries: throttling (503 SlowDown), 5xx, dropped connections and timeouts, with
+    # backoff, on top of s3fs's own retries of the errors it knows. Bounded timeouts: a request to a store that
+    # stalls (an outage that accepts connections and answers nothing) is retried after READ_TIMEOUT_S, not after
+    # botocore's 60 s, which an asynchronous save sat on until the hang detector ended the attempt
+    options: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 10, "mode": "standard"},
+                                                 "connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S}}
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         options["client_kwargs"] = {"endpoint_url": endpoint}
