@@ -51,12 +51,9 @@ HANG_TIMEOUT_S = 10
 
 
 def _s3():
-    import boto3
-
     from trainyard.sdk.store import ensure_store
 
-    return boto3.client("s3", endpoint_url=ensure_store().url, aws_access_key_id="x", aws_secret_access_key="x",
-                        region_name="us-east-1")
+    return ensure_store().client()  # with this store's own key: it refuses any other
 
 
 def _weights(uri: str) -> dict:
@@ -108,7 +105,9 @@ def _corrupt_newest(ckpt: str) -> int | None:
 
     s3 = _s3()
     saved = dict(os.environ)
-    os.environ.update(AWS_ENDPOINT_URL=s3.meta.endpoint_url, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x")
+    from trainyard.sdk.store import ensure_store
+
+    os.environ.update(ensure_store().env())  # the store's endpoint and its own key (it refuses any other)
     try:  # the engine's reader, pointed at the embedded store for this call only
         step = latest_committed_step(ckpt)
     finally:
@@ -152,7 +151,7 @@ def _world(fault: str, tag: str):
             from trainyard.sdk.store import ensure_store
 
             proxy = FaultyProxy(ensure_store().url, rate=0.0).__enter__()
-            os.environ.update(AWS_ENDPOINT_URL=proxy.url, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x")
+            os.environ.update({**ensure_store().env(), "AWS_ENDPOINT_URL": proxy.url})  # the store's key, via the proxy
         elif fault == "disk_full":
             mount = f"/tmp/chaos-disk-{tag}"
             os.makedirs(mount, exist_ok=True)
