@@ -210,11 +210,8 @@ def context_files(context_dir: str) -> list[str]:
 
 
 def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _entry(path: str) -> bytes:

@@ -222,16 +222,9 @@ def _cache_key(path: str, files: list[str], tokenizer_file: str, eos_id: int | N
     for file in [*files, tokenizer_file]:
         h.update(json.dumps([os.path.relpath(file, path) if file != tokenizer_file else "tokenizer",
                              os.path.getsize(file)]).encode())
-        h.update(_digest(file))
+        with open(file, "rb") as f:
+            h.update(hashlib.file_digest(f, "sha256").digest())
     return h.hexdigest()[:24]
-
-
-def _digest(file: str) -> bytes:
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.digest()
 
 
 @contextmanager
