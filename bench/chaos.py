@@ -40,6 +40,7 @@ import tarfile
 import time
 from datetime import datetime, timezone
 
+from trainyard.container.failure import headline
 from trainyard.engine.components.fingerprint import this_machine
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo: tests.e2e's proxy
@@ -246,7 +247,7 @@ def _run_fault(fault: str, steps: int, at_step: int, clean: dict, tag: str, worl
         "identical": bool(weights) and weights.keys() == clean.keys() and all(torch.equal(weights[k], clean[k])
                                                                                for k in clean),
         "left": left,
-        "reason": "".join(attempts[0].get("FailureReason", "").splitlines()[:1])[:160] if attempts else "",
+        "reason": headline(attempts[0].get("FailureReason", ""))[:160] if attempts else "",
     }
 
 
