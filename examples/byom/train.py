@@ -6,8 +6,8 @@ It runs as it is under `torchrun`, as one plain process, or as an Estimator entr
               distribution={"mics": {"partition_group_size": 2}}, checkpoint_s3_uri="s3://bucket/ckpt",
               hyperparameters={"steps": 20}).fit()
 
-The layout (MiCS, tensor or pipeline parallelism) comes from the job's `distribution`; the script does not
-change with it. Checkpoints go to the job's checkpoint_s3_uri (or --checkpoint_uri) every step, and a
+The layout (MiCS, tensor, pipeline or context parallelism) comes from the job's `distribution`; the script
+does not change with it. Checkpoints go to the job's checkpoint_s3_uri (or --checkpoint_uri) every step, and a
 restarted job resumes from the newest one.
 """
 import argparse
@@ -95,7 +95,8 @@ for step in range(start + 1, args.steps + 1):
     inputs, targets = rows[:, :-1], rows[:, 1:]
     if ctx.dims.pp > 1:  # pipeline parallelism: the schedule runs the micro-batches (global-batch loss)
         loss = te.forward_backward(model, inputs, targets, loss_fn, microbatches=n)
-    else:  # your own loop (loss: this rank's rows)
+    else:  # your own loop (loss: this rank's rows; under context parallelism, its chunks of each sequence)
+        inputs, targets = te.sequence_shard(model, inputs, targets)
         loss = 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
             with te.accumulate(model, i, n):  # gradients reduced once, on the last micro-batch

@@ -61,14 +61,16 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
 
 
 def test_loss_curve_independent_of_process_count_and_layout():
-    """1 process, ZeRO-3 over 2 hosts x 2 (the default) and MiCS p=2: one loss curve (fp32)."""
+    """1 process, ZeRO-3 over 2 hosts x 2 (the default) and context parallelism 2 x MiCS p=1 (each host's 2 ranks
+    split every sequence and share one partition group; the hosts are 2 replicas): one loss curve (fp32)."""
     runs = {"one": _est(5, instance_count=1, processes_per_host=1), "zero3": _est(5),
-            "mics": _est(5, distribution={"mics": {"partition_group_size": 2}})}
+            "mics": _est(5, distribution={"context_parallel_degree": 2, "mics": {"partition_group_size": 1}})}
     curves = {}
     for name, est in runs.items():
         est.fit(logs=False)
         curves[name] = [r["loss"] for r in est.latest_training_job.metrics()]
-    assert "partition groups of 2 x 2 replica(s)" in runs["mics"].latest_training_job.log_text()
+    assert ("cp 2 (zig-zag ring attention) x partition groups of 1 x cp 2 x 2 replica(s)"
+            in runs["mics"].latest_training_job.log_text())
     assert "partition groups of 4 x 1 replica(s)" in runs["zero3"].latest_training_job.log_text()
     for name in ("zero3", "mics"):
         assert len(curves[name]) == 5

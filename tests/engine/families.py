@@ -41,10 +41,12 @@ LAYOUTS = {
     "tp2 x mics": {"tensor_parallel_degree": 2},
     "pp2 x mics": {"pipeline_parallel_degree": 2},
     "tp2": {"tensor_parallel_degree": 2},
+    # the partition group: 2 data-parallel x 2 context-parallel ranks, spanning the hosts
+    "cp2 x mics": {"context_parallel_degree": 2, "mics": {"partition_group_size": 2}},
 }
 # the table's columns (docs/engine.md): layout, kernels
 COLUMNS = [("1 process", None), ("mics p2", None), ("tp2 x mics", None), ("tp2", None), ("pp2 x mics", None),
-           ("mics p2", "eager")]
+           ("cp2 x mics", None), ("mics p2", "eager")]
 
 
 def config(family: str, *, tie: bool | None = None):
@@ -75,7 +77,8 @@ def one_process_cases(family: str, export_dir=None) -> list[dict]:
 
 def matrix_cases(export_dir) -> list[dict]:
     """The 2 hosts x 2 processes cases of every family: MiCS (meta, exported; real, tied the other way), TP x MiCS
-    (real), PP x MiCS (untied: a tied pair would span the first and last stage), MiCS with kernels (meta)."""
+    (real), PP x MiCS (untied: a tied pair would span the first and last stage), CP x MiCS (real), MiCS with
+    kernels (meta)."""
     cases = []
     for f in FAMILIES:
         t = default_tie(f)
@@ -87,6 +90,7 @@ def matrix_cases(export_dir) -> list[dict]:
             {"name": f"{f}|tp2 x mics|real", "family": f, "layout": "tp2 x mics", "build": "real", "tie": t},
             {"name": f"{f}|pp2 x mics|real, untied", "family": f, "layout": "pp2 x mics", "build": "real",
              "tie": False},
+            {"name": f"{f}|cp2 x mics|real", "family": f, "layout": "cp2 x mics", "build": "real", "tie": t},
             {"name": f"{f}|mics p2|kernels", "family": f, "layout": "mics p2", "build": "meta", "tie": t,
              "kernels": "eager"},
         ]
@@ -112,7 +116,7 @@ def cell(results: list[dict]) -> str:
 def render_table(results: dict[str, dict], classes: dict[str, str]) -> str:
     """The markdown table of docs/engine.md from the results by case name."""
     head = ["family (class)", "1 process", "MiCS p=2", "TP2 x MiCS", "TP2 alone (tied, meta)", "PP2 x MiCS",
-            "kernels=eager-chunked"]
+            "CP2 x MiCS", "kernels=eager-chunked"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for family in FAMILIES:
         cells = []

@@ -79,7 +79,8 @@ def train_sharded(case: dict):
         x, y = mine[:, :-1], mine[:, 1:]
         if layout.dims.pp > 1:
             loss = te.forward_backward(model, x, y, te.lm_loss, microbatches=MICRO)
-        else:
+        else:  # a user's own loop; under context parallelism it takes its zig-zag chunks first
+            x, y = te.sequence_shard(model, x, y)
             total = torch.zeros(())
             for i, (xi, yi) in enumerate(zip(x.chunk(MICRO), y.chunk(MICRO))):
                 with te.accumulate(model, i, MICRO):

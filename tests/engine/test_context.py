@@ -198,19 +198,59 @@ def _parallelize(model, **dims_kw):
 
 
 def test_a_model_whose_attention_cannot_be_split_is_refused_by_name():
-    import torch
     from torch import nn
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     with pytest.raises(ValueError, match=r"context_parallel_degree 2: the engine cannot split the attention of "
                                          r"Sequential over the sequence"):
         _parallelize(nn.Sequential(nn.Linear(4, 4)), cp=2, world_size=2, processes_per_host=2)
+
+
+def _hf(model_type: str, **kw):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, **kw)
     with torch.device("meta"):
-        hf = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2))
-    with pytest.raises(ValueError, match=r"context_parallel_degree 2: .*LlamaForCausalLM.*set context_parallel_degree "
-                                         r"to 1"):
-        _parallelize(hf, cp=2, world_size=2, processes_per_host=2)
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("model_type,kw,why", [
+    ("mistral", {"sliding_window": 4}, r"MistralForCausalLM attends within a sliding window \(sliding_window=4\)"),
+    ("gemma2", {"sliding_window": None, "attn_logit_softcapping": 50.0},
+     r"Gemma2ForCausalLM soft-caps its attention logits \(attn_logit_softcapping=50.0\)"),
+    ("llama", {"attention_dropout": 0.1}, r"LlamaForCausalLM has attention dropout \(attention_dropout=0.1\)"),
+    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+     r"LlamaForCausalLM's rotary tables depend on the sequence length each rank sees \(rope_type 'dynamic'\)"),
+])
+def test_an_hf_attention_the_ring_cannot_split_is_refused_by_name(model_type, kw, why):
+    from trainyard.engine.models.hf.cp import apply_cp
+
+    with pytest.raises(ValueError, match=r"context_parallel_degree: the engine cannot split the attention of \w+ over "
+                                         r"the sequence: " + why + r".*set context_parallel_degree to 1"):
+        apply_cp(_hf(model_type, **kw), None)  # refused before any group is used
+
+
+def test_an_hf_model_whose_positions_ignore_position_ids_is_caught_by_the_zigzag_run(monkeypatch):
+    """The run-time check, not the configuration: rotary tables computed from the local order instead of the
+    positions passed (as a model with its own position logic would) make the zig-zag run differ."""
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    from trainyard.engine.models.hf import cp, selfcheck
+
+    monkeypatch.setattr(selfcheck, "_verdicts", {})
+    model = _hf("llama")
+    assert cp.refusal(model) is None and cp._difference(model) is None  # the family itself splits exactly
+    own = modeling_llama.LlamaRotaryEmbedding.forward
+
+    def local_order(self, x, position_ids):
+        return own(self, x, torch.arange(position_ids.shape[1]).expand_as(position_ids))
+
+    monkeypatch.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", local_order)
+    with pytest.raises(ValueError, match=r"a small LlamaForCausalLM run on its tokens in zig-zag order, at their "
+                                         r"positions, differs from its own forward by .* \(relative\)"):
+        cp.apply_cp(model, None)
 
 
 def test_cp_with_a_pipeline_is_refused_naming_both():
@@ -252,6 +292,8 @@ CP_ALONE = [
     dict(name="cp2-accum2", distribution={"context_parallel_degree": 2}, microbatches=2),
     dict(name="cp2-own-loop-ac-full", distribution={"context_parallel_degree": 2, "activation_checkpointing": "full"},
          microbatches=2, loop="plain"),
+    # a Hugging Face Llama at sequence 256: ring attention through transformers' attention interface
+    dict(name="hf-llama-cp2", model="hf", distribution={"context_parallel_degree": 2}, microbatches=2),
 ]
 
 
@@ -260,7 +302,12 @@ CP_ALONE = [
 def test_cp2_alone_matches_the_single_process_oracle(tmp_path):
     from .launch import run_on_two_hosts
 
-    _assert_exact(run_on_two_hosts(_worker(), CP_ALONE, tmp_path, processes_per_host=2, hosts=1), CP_ALONE)
+    # the HF case also checkpoints step 2, and a run on cp 1 (2 data-parallel ranks) resumes from it: its step 3
+    # is the uninterrupted oracle's
+    ckpt = str(tmp_path / "ckpt")
+    cases = [dict(c, save=ckpt) if c["name"] == "hf-llama-cp2" else c for c in CP_ALONE]
+    cases.append(dict(name="hf-llama-cp1-resumed-from-cp2", model="hf", distribution={}, microbatches=1, resume=ckpt))
+    _assert_exact(run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1), cases)
 
 
 CP_MICS = [
@@ -272,6 +319,8 @@ CP_MICS = [
     # a partition group per host (its 2 cp ranks), 2 replicas synced across the hosts (2-hop, bucketed)
     dict(name="cp2-mics-p1-2-replicas", distribution={"context_parallel_degree": 2,
                                                       "mics": {"partition_group_size": 1}}, microbatches=2),
+    dict(name="hf-llama-cp2-mics-p2", model="hf", distribution={"context_parallel_degree": 2,
+                                                               "mics": {"partition_group_size": 2}}, microbatches=1),
 ]
 
 
@@ -299,6 +348,8 @@ def test_cp2_with_mics_on_two_hosts_matches_the_single_process_oracle(tmp_path):
 
 CP_TP = [
     dict(name="cp2-tp2", distribution={"context_parallel_degree": 2, "tensor_parallel_degree": 2}, microbatches=2),
+    dict(name="hf-llama-cp2-tp2", model="hf", distribution={"context_parallel_degree": 2, "tensor_parallel_degree": 2},
+         microbatches=1),
 ]
 
 

@@ -120,18 +120,23 @@ def test_hf_save_pretrained_of_a_tied_model_loads_on_one_process(engine, tmp_pat
 
 @pytest.mark.slow
 def test_every_layout_is_exact_or_refused_by_name(tmp_path):
-    """2 hosts x 2 processes: MiCS, TP x MiCS, PP x MiCS and kernels for every family, and TP alone on 1 host x 2
-    for the tied ones built on meta. Refused: GPT-2's tensor parallelism (no plan: Conv1D) and pipeline (its
-    position embedding is used beside the layers)."""
+    """2 hosts x 2 processes: MiCS, TP x MiCS, PP x MiCS, CP x MiCS and kernels for every family, and TP alone on
+    1 host x 2 for the tied ones built on meta. Refused: GPT-2's tensor parallelism (no plan: Conv1D) and pipeline
+    (its position embedding is used beside the layers), and context parallelism for the families attending in a
+    sliding window."""
     export = tmp_path / "export"
     export.mkdir()
     (tmp_path / "tp").mkdir()
     results = run_on_two_hosts(WORKER, F.matrix_cases(export), tmp_path)
     results.update(run_on_two_hosts(WORKER, F.tied_tp_cases(), tmp_path / "tp", hosts=1))
     refusals = {name: r["refused"] for name, r in results.items() if "refused" in r}
-    assert refusals.keys() == {"gpt2|tp2 x mics|real", "gpt2|tp2|meta, tied", "gpt2|pp2 x mics|real, untied"}, refusals
+    windowed = {"mistral", "gemma2", "gemma3_text", "starcoder2"}  # context parallelism: the ring has no window
+    assert refusals.keys() == {"gpt2|tp2 x mics|real", "gpt2|tp2|meta, tied", "gpt2|pp2 x mics|real, untied",
+                               *(f"{f}|cp2 x mics|real" for f in windowed)}, refusals
     assert "GPT2LMHeadModel has no tensor-parallel plan" in refusals["gpt2|tp2 x mics|real"]
     assert "uses wpe beside its layers" in refusals["gpt2|pp2 x mics|real, untied"]
+    for f in windowed:
+        assert "attends within a sliding window (sliding_window=3)" in refusals[f"{f}|cp2 x mics|real"], refusals
     for name, result in results.items():
         if name not in refusals:
             _exact(name, result)

@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import copy
 import sys
 
 import torch
@@ -27,7 +26,9 @@ from torch import nn
 
 from trainyard.engine.distributed.pipeline import cut_stage
 from trainyard.engine.models.generic import blocks_by_class
+from trainyard.engine.models.hf.cp import apply_cp
 from trainyard.engine.models.hf.families import unverified_note
+from trainyard.engine.models.hf.selfcheck import once_per_rank0, small_config
 from trainyard.engine.protocols import ModelSpec, StageSplit
 
 # A stage split of the small verification model agrees with its forward to float32 rounding (~1e-7).
@@ -114,44 +115,6 @@ def stage_split(model: nn.Module) -> tuple[StageSplit | None, str | None]:
 
 # ---- the pipeline's self-check ----------------------------------------------------------------------------
 
-_verified: dict[type, str | None] = {}  # model class -> why its stages are not exact (None: they are)
-
-
-def small_config(config, layers: int = 4):
-    """A copy of `config` small enough to build in a blink on a CPU, keeping what shapes the code paths: the head
-    dimension, grouped-query attention, every kind of layer (`layer_types`), a sliding window shorter than the
-    check's sequence. Lists with one entry per layer are cut to `layers` entries; attention is the eager one."""
-    cfg = copy.deepcopy(config)
-    n_layers = getattr(config, "num_hidden_layers")
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    small = {"num_attention_heads": 4, "vocab_size": 96, "num_hidden_layers": layers}
-    if hasattr(config, "num_key_value_heads"):
-        small["num_key_value_heads"] = 4 if kv == heads else (1 if kv == 1 else 2)
-    if getattr(config, "head_dim", None):
-        small["hidden_size"] = 64
-    else:
-        small["hidden_size"] = 4 * head_dim
-    for key, value in vars(config).items():
-        if "intermediate_size" in key and isinstance(value, int):
-            small[key] = 2 * small["hidden_size"]
-        elif isinstance(value, list) and len(value) == n_layers and key != "layer_types":
-            small[key] = [value[i % len(value)] for i in range(layers)]
-    kinds = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
-    if kinds:
-        small["layer_types"] = [kinds[i % len(kinds)] for i in range(layers)]
-    if isinstance(getattr(config, "sliding_window", None), int):
-        small["sliding_window"] = 3
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        if isinstance(getattr(config, key, None), int):
-            small[key] = min(getattr(config, key), small["vocab_size"] - 1)
-    for key, value in small.items():
-        setattr(cfg, key, value)
-    cfg._attn_implementation = "eager"  # what the check tests is the split, not a GPU attention kernel
-    return cfg
-
-
 def _stage_difference(model: nn.Module) -> str | None:
     """Why the stages of `model`'s class are not exact, from a small model of the class on this process; None
     when a 3-stage split run of it equals its own forward."""
@@ -179,16 +142,9 @@ def _stage_difference(model: nn.Module) -> str | None:
 def verify_stages(model: nn.Module) -> None:
     """ValueError naming the class when its stages are not exact (checked once per class, on the first rank,
     whose verdict every rank takes)."""
-    cls = type(model)
-    if cls not in _verified:
-        import torch.distributed as dist
-
-        verdict = [_stage_difference(model) if not dist.is_initialized() or dist.get_rank() == 0 else None]
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.broadcast_object_list(verdict, src=0)
-        _verified[cls] = verdict[0]
-    if _verified[cls] is not None:
-        raise ValueError(f"pipeline parallelism is refused for {cls.__name__}: {_verified[cls]}; use tensor or MiCS "
+    why = once_per_rank0(("stages", type(model)), lambda: _stage_difference(model))
+    if why is not None:
+        raise ValueError(f"pipeline parallelism is refused for {type(model).__name__}: {why}; use tensor or MiCS "
                          "sharding for this model")
 
 
@@ -201,5 +157,5 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     stages, no_stages = stage_split(model)
     return ModelSpec(name=f"hf:{name}", blocks=_blocks, tp_plan=tp_plan, check_tp=check_tp,
                      tp_plan_source=f"{name}._tp_plan (transformers {transformers.__version__})",
-                     stages=stages, no_stages=no_stages, init_module=lambda m: m._init_weights,
+                     stages=stages, no_stages=no_stages, apply_cp=apply_cp, init_module=lambda m: m._init_weights,
                      note=unverified_note(model, transformers.__version__))
