@@ -32,6 +32,8 @@ ALLOWED_LOCAL = {
     ("trainyard.engine", "trainyard.engine.api"): "lazy exports: `import trainyard.engine` stays torch-free",
     ("trainyard.engine", "trainyard.engine.equivalence"): "lazy exports: `import trainyard.engine` stays torch-free",
     ("trainyard.engine", "trainyard.parallel.parallelism"): "lazy exports (the SDK imports the package)",
+    ("trainyard.engine", "trainyard.engine.models.llama.model"): "lazy exports: `import trainyard.engine` stays torch-free",
+    ("trainyard.engine", "trainyard.engine.models.llama.moe"): "lazy exports: `import trainyard.engine` stays torch-free",
     ("trainyard.sdk.estimator", "trainyard.engine.config"):
         "imports torch (the model presets): only the built-in trainer's hyperparameter check needs it",
     ("trainyard.engine.components.export", "trainyard.engine.components.checkpoint"):

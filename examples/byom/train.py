@@ -6,8 +6,9 @@ It runs as it is under `torchrun`, as one plain process, or as an Estimator entr
               distribution={"mics": {"partition_group_size": 2}}, checkpoint_s3_uri="s3://bucket/ckpt",
               hyperparameters={"steps": 20}).fit()
 
-The layout (MiCS, tensor, pipeline or context parallelism) comes from the job's `distribution`; the script
-does not change with it. Checkpoints go to the job's checkpoint_s3_uri (or --checkpoint_uri) every step, and a
+The layout (MiCS, tensor, pipeline, context or expert parallelism) comes from the job's `distribution`; the
+script does not change with it. `--model moe` trains Trainyard's built-in mixture of experts (the "moe-tiny"
+preset), whose experts `expert_parallel_degree` spreads over ranks. Checkpoints go to the job's checkpoint_s3_uri (or --checkpoint_uri) every step, and a
 restarted job resumes from the newest one.
 """
 import argparse
@@ -20,7 +21,7 @@ from torch import nn
 import trainyard.engine as te
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--model", choices=["hf", "mlp"], default="hf")
+parser.add_argument("--model", choices=["hf", "mlp", "moe"], default="hf")
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--lr", type=float, default=3e-3)
 parser.add_argument("--global_batch", type=int, default=8)   # sequences per step, over all ranks
@@ -53,6 +54,8 @@ class ResidualMLP(nn.Module):
 def build() -> nn.Module:
     if args.model == "mlp":
         return ResidualMLP()
+    if args.model == "moe":  # Trainyard's built-in mixture of experts (4 experts, top 2): expert parallelism
+        return te.build_model("moe-tiny")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -107,8 +110,10 @@ for step in range(start + 1, args.steps + 1):
     opt.step()
     opt.zero_grad()
     te.save_checkpoint(model, opt, step, uri=args.checkpoint_uri)  # async: uploads while the next step runs
+    router = te.router_stats(model)  # a mixture of experts' routing in the step (None for a dense model)
     if ctx.is_main:
-        print(f"step {step} loss {loss:.4f}", flush=True)
+        experts = f" experts {router['expert_imbalance']:.2f}x" if router else ""
+        print(f"step {step} loss {loss:.4f}{experts}", flush=True)
 
 te.save_model(model, os.environ.get("SM_MODEL_DIR", "model"))  # HF: config.json + model.safetensors
 te.finish()

@@ -61,11 +61,14 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
 
 
 def test_the_same_script_runs_without_a_checkpoint_location():
-    """load_checkpoint gives 0 and save_checkpoint saves nothing, each said once: one script for both cases."""
-    est = _est(2, {"mics": {"partition_group_size": 2}}, None, hosts=1)
+    """load_checkpoint gives 0 and save_checkpoint saves nothing, each said once: one script for both cases. Here
+    with the built-in mixture of experts (--model moe), its 4 experts spread over the 2 ranks (expert parallelism
+    2 x MiCS p=2)."""
+    est = _est(2, {"expert_parallel_degree": 2, "mics": {"partition_group_size": 2}}, None, hosts=1, model="moe")
     est.fit(logs=False)
     logs = est.latest_training_job.log_text()
     assert _steps(logs) == [1, 2], logs[-3000:]
+    assert re.search(r"\] step 2 loss [\d.]+ experts \d\.\d\dx", logs), logs[-3000:]
     assert logs.count("load_checkpoint: the job has no checkpoint location") == 1, logs[-3000:]
     assert logs.count("save_checkpoint: the job has no checkpoint location") == 1, logs[-3000:]
     assert "model.safetensors" in read_tar(est.model_data)

@@ -16,7 +16,11 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 # name -> where and why
 PRIVATE = {
     "torch.distributed._functional_collectives":
-        "heartbeat and comm meter wrap DTensor's collectives (engine/components/heartbeat.py, meter.py)",
+        "heartbeat and comm meter wrap DTensor's collectives (engine/components/heartbeat.py, meter.py); the MoE "
+        "layer's all-to-all with autograd (engine/models/llama/moe.py)",
+    "torch._grouped_mm": "one grouped GEMM per expert projection on CUDA in bf16 (engine/models/llama/moe.py)",
+    "torch._C._current_graph_task_id":
+        "an activation-checkpoint recompute inside backward does not count router statistics twice (moe.py)",
     "torch.distributed.fsdp._fully_shard._fsdp_api":
         "AllGather, ReduceScatter: MiCS's hierarchical collectives plug into FSDP2 (engine/distributed/mics.py)",
     "torch.distributed.checkpoint._fsspec_filesystem":

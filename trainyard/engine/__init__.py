@@ -7,7 +7,7 @@ parts of the engine (the parallelism and layout checks the SDK runs) import with
 __all__ = ["Context", "init", "current", "finish", "transform", "rows", "sequence_shard", "accumulate", "wait_for_checkpoints", "forward_backward", "global_loss",
            "evaluate", "predict", "clip_grad_norm_", "optimizer_step", "scaler", "mark_step", "log_metrics",
            "save_checkpoint", "load_checkpoint", "save_model", "load_pretrained", "full_state_dict",
-           "check_equivalence", "Parallelism", "lm_loss", "LMHidden"]
+           "check_equivalence", "Parallelism", "lm_loss", "LMHidden", "build_model", "router_stats"]
 
 
 def __getattr__(name: str):
@@ -15,6 +15,10 @@ def __getattr__(name: str):
         from trainyard.engine.equivalence import check_equivalence
 
         return check_equivalence
+    if name in ("build_model", "router_stats"):  # the built-in model (a preset or a ModelConfig), its MoE routing
+        from trainyard.engine.models.llama import model, moe
+
+        return {"build_model": model.build, "router_stats": moe.router_stats}[name]
     if name == "Parallelism":
         from trainyard.parallel.parallelism import Parallelism
 

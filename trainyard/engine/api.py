@@ -48,6 +48,7 @@ from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.components.tensorboard import require_tensorboard
 from trainyard.engine.components.data import rank_rows
 from trainyard.engine.distributed.context import shard_sequence
+from trainyard.engine.distributed.experts import aux_weight
 from trainyard.parallel.dims import ParallelDims
 from trainyard.engine.distributed.mics import MiCSConfig
 from trainyard.parallel.parallelism import Parallelism
@@ -341,9 +342,12 @@ def accumulate(model: nn.Module, index: int, count: int):
     if not 0 <= index < count:
         raise ValueError(f"micro-batch index {index} is outside 0..{count - 1}")
     sync_for(par, index, count)
-    with par.spec.loss_context(par.dims.tp):  # e.g. the built-in model's vocab-parallel cross-entropy
+    scale = par.scaler.get_scale() if par.scaler is not None else 1.0
+    # e.g. the built-in model's vocab-parallel cross-entropy; a load-balancing loss weighs as the micro-batch's
+    with par.spec.loss_context(par.dims.tp), aux_weight(scale / count):
         yield
     if index == count - 1:
+        par.finish_experts()
         check_tp_gradients(par)  # once, after the first step's backward
 
 

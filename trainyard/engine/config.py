@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trainyard.engine.components.checkpoint import check_location_form
 from trainyard.engine.components.data import TOKEN_DTYPES
-from trainyard.parallel.layout import check_cp, check_pipeline, check_tp
+from trainyard.parallel.layout import check_cp, check_experts, check_pipeline, check_tp
 from trainyard.parallel.parallelism import Parallelism
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
 from trainyard.errors import did_you_mean
@@ -235,6 +235,7 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
         mcfg = MODEL_CONFIGS[cfg.model]
         check_tp(tp=par.tp, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads, ffn_hidden=mcfg.ffn_hidden,
                  vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
+        check_experts(ep=par.ep, tp=par.tp, pp=par.pp, n_experts=mcfg.n_experts, model=cfg.model)
     check_cp(cp=par.cp, seq_len=cfg.seq_len, tp=par.tp)
     if par.pp > 1:
         check_pipeline(pp=par.pp, schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,

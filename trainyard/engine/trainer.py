@@ -33,6 +33,7 @@ from trainyard.engine.components.optim import build_optimizer, build_scheduler
 from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
+from trainyard.engine.models.llama.moe import balance, router_stats
 from trainyard.engine.models import float8
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
 
@@ -153,6 +154,12 @@ class Trainer:
         pipe = f" ({par.pipeline_schedule}, {par.virtual_stages} stage(s) per rank)" if dims.pp > 1 else ""
         layout = f"tp {dims.tp} x pp {dims.pp}{pipe} x " if dims.tp * dims.pp > 1 else ""
         layout += f"cp {dims.cp} (zig-zag ring attention) x " if dims.cp > 1 else ""
+        moe = MODEL_CONFIGS.get(cfg.model)
+        if moe is not None and moe.n_experts:  # a mixture of experts: how it routes, where its experts are
+            routing = [f"top {moe.top_k}"] + ([f"{moe.n_shared_experts} shared"] if moe.n_shared_experts else []) \
+                + ["dropless" if moe.capacity_factor is None else f"capacity {moe.capacity_factor}"]
+            spread = f", spread over ep {dims.ep} ({moe.n_experts // dims.ep} per rank)" if dims.ep > 1 else ""
+            layout += f"{moe.n_experts} experts ({', '.join(routing)}){spread}; "
         mics = MiCSConfig(hierarchical=par.hierarchical_allgather)
         hier = f", hierarchical over {dims.shard_hosts} hosts" if uses_hierarchy(dims, mics) else ""
         return (f"model {cfg.model} ({self.params / 1e6:.2f}M parameters), world {self.ctx.world_size} on "
@@ -191,10 +198,13 @@ class Trainer:
         stepped = api.optimizer_step(self.model, self.optimizer)  # fp16: skipped when a gradient is inf/nan
         if stepped:
             self.scheduler.step()
+            balance(self.model)  # a mixture of experts' auxiliary-loss-free balancing (when its rate is set)
+        router = router_stats(self.model) or {}  # a mixture of experts: its routing in the step
         memory = model_state_bytes(self.model, self.optimizer)  # with the gradients still held: the peak
         self.optimizer.zero_grad(set_to_none=True)
         scaling = {"loss_scale": scale, "skipped": not stepped} if self.scaler.enabled else {}
-        return {"loss": loss, "lr": float(lr), "grad_norm": norm, "data_wait_s": data_wait, **scaling, **memory}
+        return {"loss": loss, "lr": float(lr), "grad_norm": norm, "data_wait_s": data_wait, **scaling, **memory,
+                **router}
 
     def checkpoint(self, step: int, *, blocking: bool) -> float:
         """Save step `step`; returns the seconds the loop was held."""
@@ -239,6 +249,8 @@ class Trainer:
                              f"{record['loss']:.4f})")
                 elif step % cfg.log_every == 0 or step == cfg.steps:
                     scale = f" scale {_number(record['loss_scale'])}" if "loss_scale" in record else ""
+                    if "expert_imbalance" in record:  # the busiest expert's load over the mean
+                        scale += f" experts {record['expert_imbalance']:.2f}x"
                     self.log(f"step {step}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.1e} grad_norm "
                              f"{record['grad_norm']:.3f}{scale} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
                 blocked = 0.0

@@ -46,6 +46,9 @@ class ParallelDims:
     """Tensor-parallel degree (inside a host)."""
     pp: int = 1
     """Pipeline-parallel degree."""
+    ep: int = 1
+    """Expert-parallel degree: consecutive data-parallel ranks that spread a mixture of experts' experts between
+    them (each holds n_experts / ep); not a mesh dimension (the ep groups are made of data-parallel ranks)."""
     world_size: int
     """Number of ranks of the job."""
     processes_per_host: int
@@ -53,7 +56,7 @@ class ParallelDims:
     _mesh: object = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "world_size", "processes_per_host"):
+        for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "world_size", "processes_per_host"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -72,6 +75,14 @@ class ParallelDims:
         if pph % (self.cp * self.tp):
             raise ValueError(f"cp ({self.cp}) x tp ({self.tp}) = {self.cp * self.tp} must divide the processes per host "
                              f"({pph}): the ranks that split one sequence stay inside a host")
+        if self.ep > 1:
+            if self.dp % self.ep:
+                raise ValueError(f"ep ({self.ep}) must divide the data-parallel degree {self.dp}: the experts are spread "
+                                 "over groups of ep data-parallel ranks")
+            others = [f"{n} {getattr(self, n)}" for n in ("tp", "cp", "pp") if getattr(self, n) > 1]
+            if others:
+                raise ValueError(f"ep ({self.ep}) with {' and '.join(others)}: expert parallelism composes with MiCS "
+                                 "only so far; set the other degree(s) to 1")
         g = self.dp_shard * self.cp * self.tp
         if pph % g and g % pph:
             cp = f" x cp {self.cp}" if self.cp > 1 else ""
@@ -128,6 +139,23 @@ class ParallelDims:
         """Every context-parallel group's ranks (they split the sequence of the same rows)."""
         g = self.rank_grid().movedim(MESH_DIMS.index("cp"), -1).reshape(-1, self.cp)
         return [row.tolist() for row in g]
+
+    def ep_groups(self) -> list[list[int]]:
+        """Every expert-parallel group: ep consecutive data-parallel ranks (at the same tp, cp and pp index) that
+        spread the experts between them (rank i of a group holds the i-th n_experts / ep)."""
+        return self._by_dp(lambda dp: dp // self.ep)
+
+    def expert_replica_groups(self) -> list[list[int]]:
+        """The ranks that hold the same experts (one per ep group, the same index in it): their expert gradients
+        are summed, as the data-parallel reduction does for the rest of the model."""
+        return self._by_dp(lambda dp: dp % self.ep)
+
+    def _by_dp(self, key) -> list[list[int]]:
+        groups: dict = {}
+        for r in range(self.world_size):
+            c = self.coords(r)
+            groups.setdefault((c["pp"], c["cp"], c["tp"], key(c["dp"])), []).append((c["dp"], r))
+        return [[r for _, r in sorted(members)] for _, members in sorted(groups.items())]
 
     def replicate_groups(self) -> list[list[int]]:
         g = self.rank_grid().movedim(1, -1).reshape(-1, self.dp_replicate)

@@ -9,14 +9,14 @@ Forms accepted (the SDK passes whichever the user wrote; `init()` and `transform
                 "replica_sync": "bucketed"|"native", "replica_bucket_mb": x,
                 "replica_compression": null|"bf16"|"int8", "hierarchical_chunks": c, "cpu_offload": true|false},
        "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp, "context_parallel_degree": cp,
-       "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v, "microbatches": m|null,
+       "expert_parallel_degree": ep, "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v, "microbatches": m|null,
        "pipeline_split": [blocks per stage, pp * v of them]|null,
        "gradient_accumulation_steps": s|null, "activation_checkpointing": "none"|"full"|"selective",
        "mixed_precision": "bf16"|"fp32"|null, "gradient_clipping": float|null}
 
 - SageMaker's: `{"torch_distributed": {"enabled": True}}` (plain data parallel: ZeRO-3 over the data-parallel
   ranks); SMP v2 `smdistributed.modelparallel.parameters.hybrid_shard_degree` and `tensor_parallel_degree`;
-  SMP v2 `context_parallel_degree`;
+  SMP v2 `context_parallel_degree` and `expert_parallel_degree`;
   SMP v1 `sharded_data_parallel_degree` with `sdp_hierarchical_allgather` and `sdp_gradient_clipping`,
   `tensor_parallel_degree`, `pipeline_parallel_degree` (alias `partitions`), `microbatches` and `pipeline`
   ("simple": gpipe; "interleaved", which interleaves forward and backward: 1f1b). Keys of the launchers
@@ -47,7 +47,7 @@ AC_MODES = ("none", "full", "selective")
 PRECISIONS = ("bf16", "fp32")
 SMP_PIPELINES = {"simple": "gpipe", "interleaved": "1f1b"}  # SMP v1 `pipeline` -> pipeline_schedule
 _TYPED_KEYS = ("mics", "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-               "pipeline_schedule", "virtual_stages",
+               "expert_parallel_degree", "pipeline_schedule", "virtual_stages",
                "microbatches", "pipeline_split", "gradient_accumulation_steps", "activation_checkpointing",
                "mixed_precision", "gradient_clipping")
 # SageMaker's launcher keys: how processes start, not how the model is laid out
@@ -70,6 +70,9 @@ class Parallelism:
     context_parallel_degree: int = 1
     """Ranks one sequence is split over (zig-zag chunks, exact ring attention; inside a host). They see the same
     rows and share the MiCS partition group: model states are sharded over partition_group_size x this."""
+    expert_parallel_degree: int = 1
+    """Data-parallel ranks a mixture of experts' experts are spread over (each holds n_experts / this; tokens go to
+    their experts by all-to-all). The rest of the model is sharded by MiCS as without it."""
     partition_group_size: int | None = None
     """MiCS partition group p: model states sharded over p data-parallel ranks (None: all of them, ZeRO-3)."""
     hierarchical_allgather: bool | None = None
@@ -100,7 +103,8 @@ class Parallelism:
     gradient_clipping: float | None = None
 
     def __post_init__(self) -> None:
-        for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "virtual_stages"):
+        for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                    "expert_parallel_degree", "virtual_stages"):
             if not _positive_int(getattr(self, key)):
                 raise ValueError(f"distribution: {key} must be an integer >= 1, got {getattr(self, key)!r}")
         for key in ("partition_group_size", "microbatches", "gradient_accumulation_steps"):
@@ -177,6 +181,10 @@ class Parallelism:
         return self.context_parallel_degree
 
     @property
+    def ep(self) -> int:
+        return self.expert_parallel_degree
+
+    @property
     def stages(self) -> int:
         return self.pipeline_parallel_degree * self.virtual_stages
 
@@ -218,10 +226,11 @@ class Parallelism:
                              f"world size {world_size} / (tensor_parallel_degree {tp} x pipeline_parallel_degree "
                              f"{pp}{named}); choose a divisor of {dp}")
         try:
-            return ParallelDims(dp_replicate=dp // p, dp_shard=p, cp=cp, tp=tp, pp=pp, world_size=world_size,
-                                processes_per_host=processes_per_host)
+            return ParallelDims(dp_replicate=dp // p, dp_shard=p, cp=cp, tp=tp, pp=pp, ep=self.ep,
+                                world_size=world_size, processes_per_host=processes_per_host)
         except ValueError as e:
             named = ", cp is context_parallel_degree" if cp > 1 else ""
+            named += ", ep is expert_parallel_degree" if self.ep > 1 else ""
             raise ValueError(f"distribution: {e}; tp is tensor_parallel_degree{named}, dp_shard is "
                              "mics.partition_group_size") from None
 
@@ -267,6 +276,7 @@ def _from_smp(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
                          f"pipeline_parallel_degree ({params['pipeline_parallel_degree']!r}); give one of them")
     for key, src in (("tensor_parallel_degree", "tensor_parallel_degree"),
                      ("context_parallel_degree", "context_parallel_degree"),
+                     ("expert_parallel_degree", "expert_parallel_degree"),
                      ("pipeline_parallel_degree", "pipeline_parallel_degree"),
                      ("pipeline_parallel_degree", "partitions"), ("microbatches", "microbatches")):
         if src in params:

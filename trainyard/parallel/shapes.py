@@ -72,6 +72,12 @@ class ModelShape:
     tied_embeddings: bool = False
     max_seq_len: int | None = None
     head_dim_override: int | None = None
+    n_experts: int = 0
+    """A mixture of experts in place of the MLP (0: dense): n_experts routed SwiGLU experts of width
+    `expert_hidden`, `top_k` of them per token, `n_shared_experts` every token goes through, a router."""
+    top_k: int = 0
+    expert_hidden: int = 0
+    n_shared_experts: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -82,11 +88,26 @@ class ModelShape:
         return self.n_kv_heads * self.head_dim
 
     @property
+    def attention_params(self) -> int:
+        return 2 * self.dim * self.n_heads * self.head_dim + 2 * self.dim * self.kv_dim
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's parameters (a SwiGLU of width expert_hidden)."""
+        return 3 * self.dim * self.expert_hidden
+
+    @property
     def block_matrix_params(self) -> int:
-        """Parameters of one block's matrices (what tensor parallelism splits)."""
-        q = self.n_heads * self.head_dim
-        attention = 2 * self.dim * q + 2 * self.dim * self.kv_dim
-        return attention + (3 if self.gated_mlp else 2) * self.dim * self.ffn_hidden
+        """Parameters of one block's matrices (what tensor parallelism splits; every expert and the router)."""
+        if self.n_experts:
+            return (self.attention_params + (self.n_experts + self.n_shared_experts) * self.expert_params
+                    + self.dim * self.n_experts)
+        return self.attention_params + (3 if self.gated_mlp else 2) * self.dim * self.ffn_hidden
+
+    @property
+    def idle_expert_params(self) -> int:
+        """Parameters of the routed experts a token does not go through, over all blocks (0 when dense)."""
+        return self.n_layers * max(self.n_experts - self.top_k, 0) * self.expert_params
 
     @property
     def block_params(self) -> int:
@@ -107,8 +128,9 @@ class ModelShape:
 
     @property
     def matmul_params(self) -> int:
-        """N of 6 N: every parameter but the input embedding table (a tied one is the head's weight)."""
-        return self.total_params - (0 if self.tied_embeddings else self.embedding_params)
+        """N of 6 N: every parameter a token multiplies by, so not the input embedding table (a tied one is the
+        head's weight) and, in a mixture of experts, only its top_k routed experts (the active parameters)."""
+        return self.total_params - (0 if self.tied_embeddings else self.embedding_params) - self.idle_expert_params
 
     def flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs of one training token (forward + backward, no recomputation)."""
@@ -151,9 +173,11 @@ def from_hf_config(config: dict, name: str) -> ModelShape:
 
 def from_config(config: ModelConfig, name: str = "model") -> ModelShape:
     """The shape of a built-in model's `ModelConfig`."""
+    moe = dict(n_experts=config.n_experts, top_k=config.top_k, expert_hidden=config.moe_hidden,
+               n_shared_experts=config.n_shared_experts) if config.n_experts else {}
     return ModelShape(name=name, vocab_size=config.vocab_size, dim=config.dim, n_layers=config.n_layers,
                       n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, ffn_hidden=config.ffn_hidden,
-                      max_seq_len=config.max_seq_len)
+                      max_seq_len=config.max_seq_len, **moe)
 
 
 def from_module(model: object) -> ModelShape:

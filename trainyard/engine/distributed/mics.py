@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
+from trainyard.engine.distributed.experts import expert_params
 from trainyard.parallel.dims import ParallelDims
 from trainyard.parallel.parallelism import REPLICA_COMPRESSIONS, REPLICA_SYNCS
 from trainyard.engine.distributed.replica_sync import ReplicaSync
@@ -160,10 +161,12 @@ def uses_hierarchy(dims: ParallelDims, config: MiCSConfig) -> bool:
     return dims.shard_hosts > 1 and config.hierarchical is not False
 
 
-def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSConfig) -> nn.Module:
+def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSConfig,
+               ignored: set | None = None) -> nn.Module:
     """Shard `model` over the partition groups of `dims`: each unit (the blocks gathered together, in forward
     order: a block, or a list of the blocks that share a parameter, `ties.shard_units`), then the root (what no
-    block holds: embeddings, final norm, head)."""
+    block holds: embeddings, final norm, head). `ignored`: parameters left alone (experts spread by expert
+    parallelism, distributed/experts.py)."""
     check_offload(config, dims.mesh.device_type)
     units = [unit if isinstance(unit, list) else [unit] for unit in units]
     blocks = [unit[0] for unit in units]  # a unit's first block is its FSDP handle
@@ -175,9 +178,10 @@ def apply_mics(model: nn.Module, units: list, dims: ParallelDims, config: MiCSCo
     offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy, offload_policy=offload,
-                    reshard_after_forward=config.reshard_after_forward)
+                    reshard_after_forward=config.reshard_after_forward, ignored_params=ignored or None)
     # The root (embedding, final norm, head) is used again at once by backward: keep it gathered.
-    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=False,
+                ignored_params=ignored or None)
     model.register_forward_hook(_reshard_without_backward)
     if uses_hierarchy(dims, config):
         # on each host the group has m data-parallel ranks, each with its cp ranks (dp_shard_intra_cp)
@@ -225,7 +229,9 @@ def replica_sync(model: nn.Module, blocks: list[nn.Module], dims: ParallelDims, 
                 seen.add(id(p))
                 ordered.append(p)
     ordered += [p for p in model.parameters() if id(p) not in seen and p.requires_grad]
-    ordered = [p for p in ordered if p.requires_grad]
+    # the experts spread by expert parallelism are reduced by their own groups (distributed/experts.py)
+    spread = {id(p) for p in expert_params(model)}
+    ordered = [p for p in ordered if p.requires_grad and id(p) not in spread]
     return ReplicaSync(ordered, dims.mesh.get_group("dp_replicate"),
                        bucket_bytes=int(config.replica_bucket_mb * 2 ** 20), compression=config.replica_compression)
 

@@ -37,6 +37,8 @@ from trainyard.engine.distributed.materialize import (broadcast_weights, check_m
                                                       is_meta)
 from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch
 from trainyard.engine.distributed.replica_sync import ReplicaSync
+from trainyard.engine.distributed.experts import (ExpertLayout, aux_weight, expert_layout, expert_params,
+                                                  reduce_expert_grads)
 from trainyard.engine.distributed.pipeline import PipelineConfig, build_schedule, cut_stage, rank_stages
 from trainyard.engine.distributed.ties import Tie, check_ties, find_ties, retie, shard_units
 from trainyard.engine.distributed.tp import apply_tp_plan
@@ -74,6 +76,13 @@ class Parallelized:
     float8_all_gather: bool = False
     """Whether MiCS all-gathers FP8 weights (torchao): their scales are computed after each optimizer step."""
     _scaled_losses: dict = field(default_factory=dict)
+    experts: ExpertLayout | None = None
+    """Expert parallelism's groups (None without it)."""
+
+    def finish_experts(self) -> None:
+        """After a step's last micro-batch: the spread experts' gradients reduced (distributed/experts.py)."""
+        if self.experts is not None:
+            reduce_expert_grads(expert_params(self.model), self.experts)
 
     def sequence_shard(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's zig-zag chunks of `t` (batch, sequence, ...) under context parallelism; `t` otherwise."""
@@ -172,6 +181,7 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     sharded = dims.dp * dims.cp > 1 or mics.param_dtype not in (None, torch.float32) or mics.cpu_offload
     blocks_of = [spec.blocks(part) for part in parts]
     syncs: list[ReplicaSync | None] = []
+    experts: ExpertLayout | None = None
     for part, blocks in zip(parts, blocks_of):
         ties = find_ties(part)
         if not meta and not sharded:
@@ -181,19 +191,42 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
             retie(part, ties, after="tensor parallelism")
         if dims.cp > 1:
             spec.apply_cp(part, dims.mesh["cp"])
+        experts = _apply_moe(part, spec, dims, device, experts)
         apply_ac(blocks, ac)
         if compile:
             apply_compile(blocks)
         if sharded:
-            apply_mics(part, shard_units(part, blocks, ties), dims, mics)
+            apply_mics(part, shard_units(part, blocks, ties), dims, mics, ignored=set(expert_params(part)))
         if meta:
             _materialise(part, spec, template, device, seed, init, offload=sharded and mics.cpu_offload, ties=ties)
         check_ties(part, ties)
         syncs.append(replica_sync(part, blocks, dims, mics) if sharded else None)
     one = parts[0] if len(parts) == 1 else RankModel(parts, [b for bs in blocks_of for b in bs])
     return Parallelized(dims=dims, spec=spec, parts=parts, model=one, stages=stages, num_stages=num_stages, coords=coords,
-                        mics=mics,
-                        pipeline=pipeline, two_hop=two_hop, sharded=sharded, syncs=syncs, device=device)
+                        mics=mics, pipeline=pipeline, two_hop=two_hop, sharded=sharded, syncs=syncs, device=device,
+                        experts=experts)
+
+
+def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: torch.device,
+               layout: ExpertLayout | None) -> ExpertLayout | None:
+    """A mixture of experts' balance group (every rank: the degrees it composes with split one micro-batch over all
+    of them) and, under expert parallelism, its experts spread (distributed/experts.py). Returns the layout."""
+    if spec.apply_moe is None:
+        if dims.ep > 1:
+            raise ValueError(f"expert_parallel_degree {dims.ep}: the engine knows no experts in {spec.name} (the built-in "
+                             "model with n_experts > 0 has them); set expert_parallel_degree to 1")
+        return None
+    if dims.ep > 1 and layout is None:
+        layout = expert_layout(dims, device.type)
+    balance = dist.group.WORLD if dist.is_initialized() and dims.world_size > 1 else None
+    layers = spec.apply_moe(part, balance, layout if dims.ep > 1 else None)
+    if dims.ep > 1 and not layers:
+        raise ValueError(f"expert_parallel_degree {dims.ep}: {spec.name} has no mixture-of-experts layers (a dense "
+                         "model); set expert_parallel_degree to 1")
+    if layers and dims.pp > 1:
+        raise ValueError(f"pipeline_parallel_degree {dims.pp} with a mixture of experts: not supported yet (the "
+                         "load-balancing loss's weight under a pipeline schedule); set pipeline_parallel_degree to 1")
+    return layout
 
 
 def apply_compile(blocks: list[nn.Module]) -> None:
@@ -293,13 +326,15 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
             # Each micro-batch's mean / count: summed over micro-batches and averaged over the data-parallel
             # ranks by the reduction, the gradient is that of the global-batch mean loss.
             heartbeat.set_phase("forward")
-            loss = loss_fn(model(x), y) / microbatches
+            with aux_weight(scale / microbatches):  # a load-balancing loss weighs as this micro-batch's
+                loss = loss_fn(model(x), y) / microbatches
             heartbeat.set_phase("backward")
             (par.scaler.scale(loss) if par.scaler is not None else loss).backward()
             total += plain(loss).detach()
         for sync in par.syncs:
             if sync is not None:
                 sync.finish()  # autograd's final callback has done it; a no-op then
+        par.finish_experts()
     return total
 
 

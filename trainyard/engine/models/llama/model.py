@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainyard.engine.models.llama.moe import MoE
 from trainyard.parallel.presets import MODEL_CONFIGS, ModelConfig  # noqa: F401 (re-exported)
 
 
@@ -104,7 +105,8 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden)
+        # a mixture of experts in place of the MLP when the config has experts (moe.py)
+        self.feed_forward = MoE(cfg) if cfg.n_experts else FeedForward(cfg.dim, cfg.ffn_hidden)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -148,6 +150,16 @@ def build_model(cfg: ModelConfig) -> Transformer:
         return Transformer(cfg)
 
 
+def build(config: str | ModelConfig) -> Transformer:
+    """`te.build_model`: the built-in model of a preset name (a key of MODEL_CONFIGS: tiny, moe-tiny, llama3-8b, ...)
+    or a ModelConfig, on the meta device (`te.transform` initialises its weights, layout-independently)."""
+    if isinstance(config, str):
+        if config not in MODEL_CONFIGS:
+            raise ValueError(f"model: unknown preset {config!r}; choose one of {sorted(MODEL_CONFIGS)}")
+        config = MODEL_CONFIGS[config]
+    return build_model(config)
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of parameters of the full (unsharded) model; works on meta and sharded models."""
     return sum(p.numel() for p in model.parameters())
@@ -157,7 +169,8 @@ def count_parameters(model: nn.Module) -> int:
 INIT_STD = 0.02
 # Projections that write into the residual stream; their std is scaled by 1/sqrt(2 * n_layers)
 # so the residual variance does not grow with depth (two such writes per block).
-_RESIDUAL_OUT = ("attention.wo.weight", "feed_forward.w2.weight")
+_RESIDUAL_OUT = ("attention.wo.weight", "feed_forward.w2.weight", "feed_forward.experts.w2",
+                 "feed_forward.shared.w2.weight")
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -197,6 +210,9 @@ def init_weights(model: Transformer, seed: int, *, device: torch.device | str | 
             param.to_local().copy_(piece.to_local())
         else:
             param.copy_(full)
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.expert_bias.zero_()  # a buffer: to_empty left it uninitialised
     cfg = model.config
     dev = model.rope_cos.device
     cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=dev)

@@ -1,7 +1,8 @@
 """The built-in Llama-style `Transformer` as a registered spec: blocks `layers.*`, Megatron-style TP with
 sequence parallelism and a vocab-parallel loss (`tp_plan.py`), pipeline stages cut from `layers` with the
 embedding first and the final norm and head last (its forward skips what a stage lacks), weights seeded by
-parameter name (`model.init_weights`); context parallelism by ring attention on zig-zag chunks (`cp.py`)."""
+parameter name (`model.init_weights`); context parallelism by ring attention on zig-zag chunks (`cp.py`); a
+mixture of experts' balance group and expert parallelism (`moe.py`)."""
 from __future__ import annotations
 
 from torch import nn
@@ -9,12 +10,17 @@ from torch import nn
 from trainyard.parallel.layout import check_tp
 from trainyard.engine.models.llama.cp import apply_cp
 from trainyard.engine.models.llama.model import Transformer, init_weights
+from trainyard.engine.models.llama.moe import apply_moe
 from trainyard.engine.models.llama.tp_plan import apply_tp, loss_context
 from trainyard.engine.protocols import ModelSpec, StageSplit
 
 
 def _check_tp(model: Transformer, tp: int) -> None:
     cfg = model.config
+    if cfg.n_experts:
+        raise ValueError(f"tensor_parallel_degree {tp}: the built-in mixture of experts ({cfg.n_experts} experts) has "
+                         "no tensor-parallel plan yet; set tensor_parallel_degree to 1 and spread the experts with "
+                         "expert_parallel_degree")
     check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=cfg.ffn_hidden,
              vocab_size=cfg.vocab_size)
 
@@ -23,6 +29,6 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     if not isinstance(model, Transformer):
         return None
     return ModelSpec(name="llama", blocks=lambda m: list(m.layers.values()), apply_tp=apply_tp, check_tp=_check_tp,
-                     apply_cp=apply_cp,
+                     apply_cp=apply_cp, apply_moe=apply_moe,
                      stages=StageSplit(blocks="layers", first=("tok_embeddings",), last=("norm", "output")),
                      init_sharded=init_weights, loss_context=loss_context)

@@ -1,0 +1,234 @@
+"""The built-in mixture of experts and expert parallelism: the routing's maths in one process (the output against a
+per-token reference, grouped GEMM against the loop, capacity, the load-balancing loss's gradient and weight,
+auxiliary-loss-free balancing), the shapes and the refusals, and the oracle tests on gloo (slow)."""
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainyard.engine.distributed.experts import aux_weight
+from trainyard.engine.models.llama import moe
+from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, init_weights
+from trainyard.parallel.parallelism import Parallelism
+
+TINY = MODEL_CONFIGS["moe-tiny"]
+
+
+def _layer(**kw) -> moe.MoE:
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(TINY, **kw)
+    layer = moe.MoE(cfg)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return layer
+
+
+def _swiglu(x, w1, w2, w3):
+    return (F.silu(x @ w1.t()) * (x @ w3.t())) @ w2.t()
+
+
+def test_the_output_is_each_token_s_gate_weighted_experts_plus_the_shared_one():
+    layer = _layer(aux_loss_coef=0.0)
+    x = torch.randn(2, 5, TINY.dim)
+    got = layer(x)
+    t = x.reshape(-1, TINY.dim)
+    probs = (t @ layer.router.weight.t()).softmax(-1)
+    want = []
+    for i in range(t.shape[0]):
+        top = probs[i].topk(TINY.top_k)
+        gates = top.values / top.values.sum()
+        e = layer.experts
+        y = sum(g * _swiglu(t[i], e.w1[j], e.w2[j], e.w3[j]) for g, j in zip(gates, top.indices.tolist()))
+        want.append(y + layer.shared(t[i]))
+    assert torch.allclose(got.reshape(-1, TINY.dim), torch.stack(want), rtol=1e-5, atol=1e-4)
+    raw = _layer(aux_loss_coef=0.0, norm_topk=False)  # the softmax weights themselves: a different output
+    assert not torch.allclose(raw(x), got, atol=1e-3)
+
+
+def test_grouped_gemm_equals_the_loop_forward_and_backward(monkeypatch):
+    """The path CUDA bf16 takes (torch._grouped_mm) against the CPU loop, with an expert that gets no token."""
+    experts = moe.Experts(3, 16, 24)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(7, 16)
+    counts, grad = [3, 0, 4], torch.randn(7, 16)
+    results = []
+    for grouped in (False, True):
+        monkeypatch.setattr(moe, "USE_GROUPED_MM", grouped)
+        experts.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = experts(xi, counts)
+        out.backward(grad)
+        results.append((out.detach(), xi.grad, [p.grad.clone() for p in experts.parameters()]))
+    (a, ga, pa), (b, gb, pb) = results
+    assert torch.allclose(a, b, atol=1e-4) and torch.allclose(ga, gb, atol=1e-4)
+    assert all(torch.allclose(u, v, atol=1e-4) for u, v in zip(pa, pb))
+    assert all(float(p[1].abs().max()) == 0.0 for p in pa)  # the idle expert: a zero gradient, not none
+
+
+def test_capacity_drops_an_expert_s_assignments_past_it_in_token_order():
+    layer = _layer(aux_loss_coef=0.0, capacity_factor=0.5, n_shared_experts=0)
+    with torch.no_grad():  # every token prefers expert 0, then expert 1
+        layer.router.weight.zero_()
+        layer.router.weight[0, 0], layer.router.weight[1, 0] = 3.0, 2.0
+    x = torch.randn(1, 8, TINY.dim).abs() + 0.1  # feature 0 positive: the same order for every token
+    out = layer(x)
+    capacity = 2  # ceil(0.5 x 8 tokens x top 2 / 4 experts)
+    stats = moe.router_stats(torch.nn.ModuleList([layer]))
+    assert stats["dropped_assignments"] == 2 * (8 - capacity)
+    # the first `capacity` tokens got both experts, the others nothing (no shared expert)
+    assert out[0, :capacity].abs().sum() > 0 and out[0, capacity:].abs().sum() == 0
+    assert stats["expert_load"][:2] == [0.5, 0.5]  # the load counts the router's choice, dropped or not
+
+
+def test_the_load_balancing_loss_joins_the_gradient_weighted_like_the_micro_batch():
+    x = torch.randn(2, 6, TINY.dim)
+    ref = _layer(aux_loss_coef=0.0)
+    layer = _layer(aux_loss_coef=0.3)
+    with aux_weight(0.5):
+        out = layer(x)
+    out.square().mean().mul(0.5).backward()
+    # by hand: the same output with no auxiliary loss, plus the loss's own term, both at weight 0.5
+    out_ref = ref(x)
+    t = x.reshape(-1, TINY.dim)
+    probs = (t @ ref.router.weight.t()).softmax(-1)
+    counts = torch.bincount(probs.topk(TINY.top_k).indices.flatten(), minlength=TINY.n_experts).float()
+    aux = 0.3 * TINY.n_experts * (counts / (t.shape[0] * TINY.top_k) * probs.mean(0)).sum()
+    (0.5 * (out_ref.square().mean() + aux)).backward()
+    assert torch.allclose(out, out_ref)
+    assert torch.allclose(layer.router.weight.grad, ref.router.weight.grad, atol=1e-6)
+    assert not torch.allclose(layer.router.weight.grad, torch.zeros_like(ref.router.weight.grad))
+    stats = moe.router_stats(torch.nn.ModuleList([layer]))
+    assert stats["aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
+
+
+def test_bias_balancing_moves_the_bias_towards_the_mean_load_and_steers_the_choice():
+    layer = _layer(aux_loss_coef=0.0, bias_update_rate=0.1)
+    model = torch.nn.ModuleList([layer])
+    x = torch.randn(4, 8, TINY.dim)
+    layer(x)
+    load = layer.step_load.clone()
+    moe.balance(model)
+    assert torch.equal(layer.expert_bias, 0.1 * torch.sign(load.mean() - load).float())
+    assert float(layer.step_load.sum()) == 0  # counted again from the next step
+    with torch.no_grad():
+        layer.expert_bias.zero_()
+        layer.expert_bias[3] = 10.0  # a large bias wins the choice for every token
+        _, idx, gates = layer._route(x.reshape(-1, TINY.dim))
+    assert (idx == 3).any(-1).all() and torch.allclose(gates.sum(-1), torch.ones(idx.shape[0]))
+
+
+def test_router_statistics_of_a_model_step():
+    model = build_model(TINY)
+    init_weights(model, 1, device="cpu")
+    assert moe.router_stats(build_model(MODEL_CONFIGS["tiny"])) is None
+    model(torch.randint(0, TINY.vocab_size, (2, 16))).float().mean().backward()
+    stats = moe.router_stats(model)
+    assert sum(stats["expert_load"]) == pytest.approx(1.0, abs=1e-3) and stats["expert_imbalance"] >= 1.0
+    assert stats["dropped_assignments"] == 0 and stats["aux_loss"] > 0
+    assert moe.router_stats(model)["expert_load"] == [0.0] * 4  # read once: counted again from there
+
+
+def test_the_presets_shapes_count_total_and_active_parameters():
+    from trainyard.parallel.shapes import from_preset
+
+    mixtral = from_preset("mixtral-8x7b")  # Mistral's published 46.7B total, 12.9B active
+    assert round(mixtral.total_params / 1e9, 1) == 46.7
+    assert round((mixtral.matmul_params + mixtral.embedding_params) / 1e9, 1) == 12.9
+    tiny = from_preset("moe-tiny")
+    assert tiny.total_params == sum(p.numel() for p in build_model(TINY).parameters())
+
+
+@pytest.mark.parametrize("kw,text", [
+    ({"n_experts": 4, "top_k": 5}, "top_k must be an integer in 1..n_experts (4), got 5"),
+    ({"n_experts": 4, "capacity_factor": 0}, "capacity_factor must be positive or None (dropless), got 0"),
+    ({"n_experts": -1}, "n_experts must be an integer >= 0, got -1"),
+])
+def test_a_bad_mixture_of_experts_config_is_refused_by_name(kw, text):
+    with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        dataclasses.replace(MODEL_CONFIGS["tiny"], **kw)
+
+
+@pytest.mark.parametrize("model,distribution,text", [
+    ("tiny", {"expert_parallel_degree": 2}, "expert_parallel_degree 2: tiny is dense (no experts to spread)"),
+    ("moe-tiny", {"expert_parallel_degree": 4, "mics": {"partition_group_size": 1}}, None),
+    ("moe-tiny", {"tensor_parallel_degree": 2}, "tensor_parallel_degree 2 with moe-tiny's 4 experts"),
+    ("moe-tiny", {"pipeline_parallel_degree": 2}, "pipeline_parallel_degree 2 with moe-tiny's 4 experts"),
+])
+def test_the_trainer_checks_experts_against_the_layout_before_anything_starts(model, distribution, text):
+    from trainyard.engine.config import TrainConfig, reconcile_distribution
+
+    cfg = TrainConfig(model=model, seq_len=32, global_batch_size=8, micro_batch_size=2)
+    par = Parallelism.parse(distribution)
+    if text is None:
+        assert reconcile_distribution(cfg, par, world_size=4).model == model
+        return
+    with pytest.raises(ValueError, match=text.replace("(", r"\(").replace(")", r"\)")):
+        reconcile_distribution(cfg, par, world_size=4)
+
+
+def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
+    dims = Parallelism.parse({"expert_parallel_degree": 2, "mics": {"partition_group_size": 2}}).dims(
+        world_size=8, processes_per_host=2)
+    assert dims.ep_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dims.expert_replica_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.raises(ValueError, match=r"ep \(3\) must divide the data-parallel degree 4.*ep is expert_parallel_degree"):
+        Parallelism.parse({"expert_parallel_degree": 3}).dims(world_size=4, processes_per_host=2)
+    with pytest.raises(ValueError, match=r"ep \(2\) with cp 2: expert parallelism composes with MiCS only so far"):
+        Parallelism.parse({"expert_parallel_degree": 2, "context_parallel_degree": 2}).dims(
+            world_size=8, processes_per_host=4)
+    assert Parallelism.parse({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+        "expert_parallel_degree": 2}}}}).ep == 2
+
+
+# --- the oracle: gloo, fp32, against one unsharded process ------------------------------------------------------
+
+def _worker():
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "moe_worker.py")
+
+
+def _assert_exact(results: dict, names) -> None:
+    assert set(results) == set(names), results
+    for name in names:
+        errors = {k: v for k, v in results[name].items() if k != "stats"}
+        assert set(errors) == {"loss", "grad_norm", "weights"}, (name, errors)
+        assert all(e <= 1e-5 for e in errors.values()), (name, errors)
+        stats = results[name]["stats"]
+        assert len(stats["expert_load"]) == TINY.n_experts and stats["aux_loss"] > 0, (name, stats)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
+    """1 host x 2: each rank holds 2 of the 4 experts (the rest of the model ZeRO-3 over the 2); a dense model
+    under expert parallelism is refused by name."""
+    from .launch import run_on_two_hosts
+
+    cases = [dict(name="ep2-accum2", distribution={"expert_parallel_degree": 2}, microbatches=2),
+             dict(name="dense-ep2", dense=True, refused=True, distribution={"expert_parallel_degree": 2},
+                  microbatches=1)]
+    results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1)
+    assert "expert_parallel_degree 2: llama has no mixture-of-experts layers" in results.pop("dense-ep2")
+    _assert_exact(results, ["ep2-accum2"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_degrees(tmp_path):
+    """2 hosts x 2: EP 2 x MiCS p=2 (2 copies of each expert, one per ep group; the dense parts in 2 partition
+    groups of 2), EP 4; checkpoints saved on EP 2 resume on EP 1 and the reverse, on the uninterrupted curve."""
+    from .launch import run_on_two_hosts
+
+    on2, on1 = str(tmp_path / "saved-on-ep2"), str(tmp_path / "saved-on-ep1")
+    mics = {"mics": {"partition_group_size": 2}}
+    cases = [dict(name="ep2-mics-p2", distribution={"expert_parallel_degree": 2, **mics}, microbatches=2, save=on2),
+             dict(name="ep1-resumed-from-ep2", distribution=mics, microbatches=2, resume=on2),
+             dict(name="ep1-mics-p2", distribution=mics, microbatches=1, save=on1),
+             dict(name="ep2-resumed-from-ep1", distribution={"expert_parallel_degree": 2, **mics}, microbatches=1,
+                  resume=on1),
+             dict(name="ep4", distribution={"expert_parallel_degree": 4}, microbatches=1)]
+    results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2)
+    _assert_exact(results, [c["name"] for c in cases])

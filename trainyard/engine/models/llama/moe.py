@@ -1,0 +1,254 @@
+"""The built-in model's mixture of experts (`ModelConfig.n_experts > 0`): the MLP of every block becomes a router
+over `n_experts` SwiGLU experts, each token going through its `top_k` (and through `n_shared_experts` shared
+ones); expert parallelism (`apply_ep`) spreads the experts over ranks and moves the tokens with all-to-all.
+
+Routing, per token: softmax over the router's logits (in float32); the top_k experts by score (plus the
+per-expert bias of auxiliary-loss-free balancing, for the choice only); gate weights the softmax scores of the
+chosen experts, renormalised to sum to 1 (`norm_topk`). The output is the gate-weighted sum of the chosen
+experts' outputs, plus the shared experts'.
+
+- Dropless (`capacity_factor` None): every assignment is computed. Capacity-limited: each expert takes at most
+  ceil(capacity_factor x tokens x top_k / n_experts) of a rank's assignments per micro-batch, first come (token
+  order); the others are dropped (that expert adds nothing for that token) and counted.
+- Load-balancing loss (Switch Transformer): aux_loss_coef x n_experts x sum_e f_e P_e, f_e the fraction of the
+  assignments routed to expert e and P_e the mean router probability of e. f is counted over the micro-batch's
+  global tokens (an all-reduce of the counts over the ranks that split the batch, `balance_group`), P over the
+  rank's own: the ranks' mean is then exactly the loss of the global micro-batch, whatever the layout. It joins
+  the gradient through the block's output (`_AddAux`), weighted like the micro-batch's loss (`loss_weight`: the
+  engine sets 1 / micro-batches x the fp16 loss scale).
+- Auxiliary-loss-free balancing (DeepSeek-V3): after each step `balance(model)` moves each expert's bias by
+  bias_update_rate towards the mean load (up when the expert got fewer assignments than the mean).
+- Router statistics (`router_stats(model)`): the assignments per expert over the blocks, the dropped ones and the
+  mean auxiliary loss since the last read, for the job's metrics.
+
+Experts are computed by `torch._grouped_mm` on CUDA in bfloat16 (one grouped GEMM per projection), else by a
+loop over the experts; tests check the two against each other on the CPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from trainyard.engine.distributed.experts import aux_loss_weight, shard_experts
+
+class _AddAux(torch.autograd.Function):
+    """Returns `out` unchanged; its backward also sends `aux_loss_weight()` as the gradient of the scalar `aux`, so the
+    auxiliary loss is minimised with the model's loss without the loss function knowing of it."""
+
+    @staticmethod
+    def forward(ctx, out, aux):
+        ctx.weight = aux_loss_weight()
+        ctx.aux_meta = (aux.shape, aux.dtype, aux.device)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype, device = ctx.aux_meta
+        return grad, torch.full(shape, ctx.weight, dtype=dtype, device=device)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class SwiGLU(nn.Module):
+    """The shared experts, as one SwiGLU MLP of their summed width: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+USE_GROUPED_MM: bool | None = None  # None: on CUDA in bfloat16; True/False forces it (tests)
+
+
+class Experts(nn.Module):
+    """`n` SwiGLU experts, packed: w1 and w3 (n, hidden, dim), w2 (n, dim, hidden). Under expert parallelism a
+    rank holds a slice of them along dim 0 (DTensor Shard(0) over the ep group)."""
+
+    def __init__(self, n: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(n, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n, hidden, dim))
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x: tokens grouped by (local) expert, `counts[e]` of them for expert e."""
+        w1, w2, w3 = (_local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))  # MiCS leaves them unsharded
+        grouped = USE_GROUPED_MM if USE_GROUPED_MM is not None else (x.is_cuda and x.dtype == torch.bfloat16)
+        if grouped:
+            offs = torch.tensor(counts, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            h = F.silu(torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)) * \
+                torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
+            return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+        # empty groups still join the graph: every expert's weights get a (zero) gradient on every rank
+        outs = [(F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t()
+                for e, part in enumerate(x.split(counts))]
+        return torch.cat(outs)
+
+
+@dataclass
+class ExpertGroup:
+    """The ranks among which one MoE layer's experts are spread: `group` (size ep, this rank's index `rank`)."""
+
+    group: dist.ProcessGroup
+    size: int
+    rank: int
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
+        self.capacity_factor, self.aux_loss_coef = cfg.capacity_factor, cfg.aux_loss_coef
+        self.norm_topk, self.bias_update_rate = cfg.norm_topk, cfg.bias_update_rate
+        self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        self.experts = Experts(cfg.n_experts, cfg.dim, cfg.moe_hidden)
+        self.shared = SwiGLU(cfg.dim, cfg.moe_hidden * cfg.n_shared_experts) if cfg.n_shared_experts else None
+        # auxiliary-loss-free balancing's bias: state (checkpointed), moved by balance() only
+        self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
+        self.ep: ExpertGroup | None = None  # expert parallelism (apply_ep)
+        self.balance_group: dist.ProcessGroup | None = None  # the ranks whose tokens make a micro-batch
+        self.step_load = torch.zeros(self.n_experts, dtype=torch.float64, device="cpu")  # since the last balance()
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self.load = torch.zeros(self.n_experts, dtype=torch.float64, device="cpu")  # global assignments per expert
+        self.dropped = 0
+        self.aux_sum, self.aux_count = 0.0, 0
+
+    def _route(self, t: torch.Tensor):
+        probs = self.router(t).float().softmax(-1)
+        with torch.no_grad():
+            choice = probs + self.expert_bias.float() if self.bias_update_rate else probs
+            idx = choice.topk(self.top_k, dim=-1).indices  # (tokens, top_k)
+        gates = probs.gather(-1, idx)
+        if self.norm_topk:
+            gates = gates / gates.sum(-1, keepdim=True)
+        return probs, idx, gates
+
+    def _global_counts(self, counts: torch.Tensor, tokens: int) -> tuple[torch.Tensor, int]:
+        both = torch.cat([counts.double(), counts.new_tensor([tokens], dtype=torch.float64)])
+        if self.balance_group is not None and dist.get_world_size(self.balance_group) > 1:
+            dist.all_reduce(both, group=self.balance_group)
+        return both[:-1], int(both[-1].item())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        t = x.reshape(-1, shape[-1])
+        probs, idx, gates = self._route(t)
+        flat = idx.flatten()  # assignment a = token a // top_k, its (a % top_k)-th choice
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        order = torch.argsort(flat, stable=True)  # the assignments by expert, in token order within each
+        dropped = 0
+        if self.capacity_factor is not None:
+            capacity = math.ceil(self.capacity_factor * t.shape[0] * self.top_k / self.n_experts)
+            starts = torch.cumsum(counts, 0) - counts
+            position = torch.arange(order.numel(), device=t.device) - starts[flat[order]]
+            kept = position < capacity
+            dropped = int((~kept).sum().item())
+            order, routed = order[kept], counts.clamp(max=capacity)
+        else:
+            routed = counts
+        global_counts, global_tokens = self._global_counts(counts.detach(), t.shape[0])
+        y = self._experts(t[order // self.top_k], routed)
+        weighted = y * gates.flatten()[order].unsqueeze(-1).to(y.dtype)
+        out = torch.zeros_like(t).index_add(0, order // self.top_k, weighted.to(t.dtype))
+        if self.shared is not None:
+            out = out + self.shared(t)
+        aux = None
+        if self.aux_loss_coef:
+            f = (global_counts / (global_tokens * self.top_k)).to(probs.dtype)
+            aux = self.aux_loss_coef * self.n_experts * (f * probs.mean(0)).sum()
+            out = _AddAux.apply(out, aux)
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:  # not a recompute in backward
+            self.load += global_counts.cpu()
+            self.step_load += global_counts.cpu()
+            self.dropped += dropped
+            if aux is not None:
+                self.aux_sum += float(aux.detach())
+                self.aux_count += 1
+        return out.reshape(shape)
+
+    def _experts(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The chosen experts' outputs for `tokens` (grouped by expert, `counts` per global expert), computed
+        where the experts are: here, or on the ranks of the ep group (all-to-all there and back)."""
+        if self.ep is None:
+            return self.experts(tokens, counts.tolist())
+        from torch.distributed import _functional_collectives as funcol
+
+        ep, local = self.ep, self.n_experts // self.ep.size
+        send = counts.view(ep.size, local)  # row j: my assignments to rank j's experts
+        recv = funcol.all_to_all_single(send.flatten().contiguous(), None, None, ep.group)
+        recv = funcol.wait_tensor(recv).view(ep.size, local)  # row s: rank s's assignments to my experts
+        out_splits, in_splits = recv.sum(1).tolist(), send.sum(1).tolist()
+        got = funcol.all_to_all_single_autograd(tokens, out_splits, in_splits, ep.group)
+        got = funcol.wait_tensor(got)
+        # received by (source, expert); the experts want them by (expert, source), and back again after
+        segments = recv.flatten().tolist()
+        pieces = got.split(segments)
+        by_expert = [pieces[s * local + e] for e in range(local) for s in range(ep.size)]
+        y = self.experts(torch.cat(by_expert), recv.sum(0).tolist())
+        back = y.split([segments[s * local + e] for e in range(local) for s in range(ep.size)])
+        by_source = [back[e * ep.size + s] for s in range(ep.size) for e in range(local)]
+        home = funcol.all_to_all_single_autograd(torch.cat(by_source), in_splits, out_splits, ep.group)
+        return funcol.wait_tensor(home)
+
+
+def apply_moe(model: nn.Module, balance_group: dist.ProcessGroup | None, layout) -> int:
+    """Set every MoE layer's balance group and, with an `ExpertLayout` (engine/distributed/experts.py), spread its
+    experts over the ep group. Returns the number of MoE layers."""
+    layers = moe_layers(model)
+    for m in layers:
+        m.balance_group = balance_group
+        if layout is not None:
+            shard_experts(m.experts, ("w1", "w2", "w3"), layout)
+            m.ep = ExpertGroup(group=layout.ep_group, size=layout.ep, rank=layout.ep_rank)
+    return len(layers)
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def router_stats(model: nn.Module) -> dict | None:
+    """The router's figures since the last call, summed over the blocks (the same on every rank); None for a dense
+    model. `expert_load`: each expert's share of the assignments; `expert_imbalance`: the busiest expert's load
+    over the mean; `dropped_assignments` (this rank's); `aux_loss`: the mean auxiliary loss of a block."""
+    layers = moe_layers(model)
+    if not layers:
+        return None
+    load = sum(m.load for m in layers)
+    total = float(load.sum())
+    stats = {"expert_load": [round(float(v) / total, 4) for v in load] if total else [0.0] * len(load),
+             "expert_imbalance": round(float(load.max()) / (total / len(load)), 4) if total else 0.0,
+             "dropped_assignments": sum(m.dropped for m in layers)}
+    counted = sum(m.aux_count for m in layers)
+    if counted:
+        stats["aux_loss"] = sum(m.aux_sum for m in layers) / counted
+    for m in layers:
+        m._reset_stats()
+    return stats
+
+
+@torch.no_grad()
+def balance(model: nn.Module) -> None:
+    """Auxiliary-loss-free balancing after a step: each expert's bias moves by bias_update_rate towards the mean
+    load of its block (up when it had fewer assignments than the mean), from the step's global counts."""
+    for m in moe_layers(model):
+        if m.bias_update_rate and float(m.step_load.sum()):
+            step = torch.sign(m.step_load.mean() - m.step_load).to(m.expert_bias.dtype).to(m.expert_bias.device)
+            m.expert_bias += m.bias_update_rate * step
+        m.step_load.zero_()
