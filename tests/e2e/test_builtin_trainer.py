@@ -1,5 +1,6 @@
 """The built-in trainer through `Estimator`, on the embedded store (slow: real multi-process jobs)."""
 import io
+import re
 
 import pytest
 import torch
@@ -76,6 +77,24 @@ def test_loss_curve_independent_of_process_count_and_layout():
         assert len(curves[name]) == 5
         for x, y in zip(curves["one"], curves[name]):
             assert abs(x - y) <= 1e-5 * abs(x), (name, curves)
+
+
+def test_a_mixture_of_experts_trains_with_its_experts_spread_and_reports_its_routing():
+    """moe-tiny (4 experts, top 2, a shared one) with expert parallelism 2 x MiCS p=2 on 2 hosts x 2: each rank holds
+    2 experts; every metrics row carries the router's figures."""
+    est = _est(5, hyperparameters={**HPS, "model": "moe-tiny", "steps": 5},
+               distribution={"expert_parallel_degree": 2, "mics": {"partition_group_size": 2}})
+    est.fit(logs=False)
+    job = est.latest_training_job
+    m = job.metrics()
+    assert [r["step"] for r in m] == [1, 2, 3, 4, 5] and m[-1]["loss"] < m[0]["loss"] - 0.5, [r["loss"] for r in m]
+    for r in m:
+        assert len(r["expert_load"]) == 4 and abs(sum(r["expert_load"]) - 1) < 1e-3, r
+        assert r["expert_imbalance"] >= 1 and r["dropped_assignments"] == 0 and r["aux_loss"] > 0, r
+    logs = job.log_text()
+    assert "4 experts (top 2, 1 shared, dropless), spread over ep 2 (2 per rank)" in logs, logs[-3000:]
+    assert re.search(r"step 5/5 loss [\d.]+ .* experts \d\.\d\dx", logs), logs[-3000:]
+    assert_no_processes_left(job)
 
 
 def test_stop_writes_an_emergency_checkpoint_and_the_next_run_resumes_there(monkeypatch):

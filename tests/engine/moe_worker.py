@@ -98,6 +98,30 @@ def run(case: dict) -> dict:
             "weights": worst.item(), "stats": stats}
 
 
+def measure(case: dict) -> list[dict]:
+    """One step under the comm meter with the routing pinned (every token's top 2 are experts 0 and 1, on the first
+    rank of each ep group: a bias for the choice only): every rank's all-to-all bytes and what the meter puts on
+    the `ep` dimension."""
+    from trainyard.engine.components.meter import CommMeter
+    from trainyard.engine.models.llama.moe import moe_layers
+
+    model = te.transform(build_model(config(case)), distribution=case["distribution"], seed=SEED)
+    layout = te.api._layout(model)
+    for layer in moe_layers(model):
+        layer.bias_update_rate = 1.0  # the bias steers the choice
+        layer.expert_bias.copy_(torch.tensor([10.0, 10.0, 0.0, 0.0]))
+    m = case["microbatches"]
+    batch = te.rows(model, data(layout.dims.dp * m).global_batch(1))
+    meter = CommMeter(layout.dims.processes_per_host, layout.dims)
+    with meter.active():
+        te.forward_backward(model, batch[:, :-1], batch[:, 1:], token_loss, microbatches=m)
+    totals = meter.totals()
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {"all_to_all": totals["by_kind"].get("all_to_all", {}),
+                                   "ep": totals["by_dim"].get("ep", {})})
+    return every
+
+
 def refused(case: dict) -> str:
     try:
         run(case)
@@ -109,7 +133,8 @@ def refused(case: dict) -> str:
 def main() -> None:
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     te.init({})
-    results = {case["name"]: refused(case) if case.get("refused") else run(case) for case in cases}
+    results = {case["name"]: refused(case) if case.get("refused") else measure(case) if case.get("meter")
+               else run(case) for case in cases}
     if dist.get_rank() == 0:
         with open(out, "w") as fh:
             json.dump(results, fh)

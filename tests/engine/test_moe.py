@@ -209,9 +209,20 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
 
     cases = [dict(name="ep2-accum2", distribution={"expert_parallel_degree": 2}, microbatches=2),
              dict(name="dense-ep2", dense=True, refused=True, distribution={"expert_parallel_degree": 2},
-                  microbatches=1)]
+                  microbatches=1),
+             dict(name="meter", meter=True, distribution={"expert_parallel_degree": 2}, microbatches=2)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1)
     assert "expert_parallel_degree 2: llama has no mixture-of-experts layers" in results.pop("dense-ep2")
+    # the comm meter against the formula: with every token routed to experts 0 and 1 (rank 0's), rank 1 sends its
+    # T x top_k rows to rank 0 and rank 0 sends them back, forward, and the same again backward (the gradients):
+    # each rank sends 2 x T x k x dim x 4 bytes per layer and micro-batch, plus the count exchange (the E / ep
+    # counts of the other rank's experts, int64)
+    meter = results.pop("meter")
+    t, k, m, layers = 1 * 32, 2, 2, TINY.n_layers
+    want = m * layers * (2 * t * k * TINY.dim * 4 + TINY.n_experts // 2 * 8)
+    for rank, got in enumerate(meter):
+        assert got["all_to_all"]["intra_bytes"] == want and got["all_to_all"]["inter_bytes"] == 0, (rank, got, want)
+        assert got["ep"]["intra_bytes"] >= want, (rank, got)  # here the ep group is also the partition group
     _assert_exact(results, ["ep2-accum2"])
 
 

@@ -110,6 +110,8 @@ class CommMeter:
         return self._dimensions[ranks]
 
     def _name_dimension(self, ranks: tuple[int, ...]) -> str:
+        if self.dims.ep > 1 and list(ranks) in self.dims.ep_groups():
+            return "ep"  # expert parallelism's groups are data-parallel ranks, not a mesh dimension of their own
         coords = [self.dims.coords(r) for r in ranks]
         varying = [d for d in ("pp", "dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp", "tp")
                    if len({c[d] for c in coords}) > 1]
@@ -149,6 +151,8 @@ class CommMeter:
                    if hasattr(dist, name)]
         patches += [(funcol, name, self._wrap_funcol(getattr(funcol, name), *spec)) for name, spec in _FUNCOL.items()
                     if hasattr(funcol, name)]
+        patches += [(funcol, name, self._wrap_all_to_all(getattr(funcol, name), backward))
+                    for name, backward in (("all_to_all_single", False), ("all_to_all_single_autograd", True))]
         patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
         # the other batched sends: context parallelism's ring (engine/distributed/context.py, GroupRing)
         patches.append((dist, "batch_isend_irecv", self._wrap_batch(dist.batch_isend_irecv)))
@@ -172,6 +176,44 @@ class CommMeter:
                 nbytes = tensor.numel() * tensor.element_size() * (len(ranks) if gathers else 1)
                 self.record(kind, ranks, nbytes, factor)
             return fn(*args, **kwargs)
+        return metered
+
+    def _wrap_all_to_all(self, fn, backward: bool):
+        """The functional all-to-all (a mixture of experts' dispatch and combine): what this rank sends to the
+        others of the group (its input rows but those it keeps); with autograd, its backward's all-to-all too (the
+        gradient rows go back the other way: the output's splits)."""
+        meter = self
+
+        def sent(rows: torch.Tensor, splits, ranks) -> int:
+            per_row = rows[0].numel() * rows.element_size() if rows.shape[0] else 0
+            me = ranks.index(dist.get_rank())
+            counts = list(splits) if splits is not None else [rows.shape[0] // len(ranks)] * len(ranks)
+            return (sum(counts) - counts[me]) * per_row
+
+        class _CountBackward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, out, splits, ranks):
+                ctx.splits, ctx.ranks = splits, ranks
+                return out.view_as(out)
+
+            @staticmethod
+            def backward(ctx, grad):
+                meter.record_sent("all_to_all", ctx.ranks, sent(grad, ctx.splits, ctx.ranks))
+                return grad, None, None
+
+        def metered(tensor, output_split_sizes, input_split_sizes, group, *args, **kwargs):
+            depth = getattr(self._local, "depth", 0)
+            self._local.depth = depth + 1  # the autograd one calls the plain one: counted once
+            try:
+                out = fn(tensor, output_split_sizes, input_split_sizes, group, *args, **kwargs)
+            finally:
+                self._local.depth = depth
+            if depth == 0:
+                ranks = _group_ranks(group)
+                self.record_sent("all_to_all", ranks, sent(tensor, input_split_sizes, ranks))
+                if backward and torch.is_grad_enabled() and out.requires_grad:
+                    out = _CountBackward.apply(out, output_split_sizes, ranks)
+            return out
         return metered
 
     def _sends(self, p2p_ops) -> None:
