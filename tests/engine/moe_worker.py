@@ -1,13 +1,14 @@
 """Worker for the mixture-of-experts oracle tests (torchrun agents emulating hosts, gloo, fp32).
 
 For every case in argv[1] (JSON list: name, distribution, microbatches; optional "capacity_factor",
-"save"/"resume": a checkpoint location, "dense": the dense "tiny" preset instead) it trains the built-in model's "moe-tiny" preset (4 experts, top 2, a
-shared expert, the load-balancing loss) through the public API (`te.transform`, `te.forward_backward`) for STEPS
-steps, and an unsharded single-process oracle on the same global micro-batches: micro-batch i of the step is row i
-of every data-parallel rank's rows (what the load-balancing loss counts over together). It records the worst
-relative error over the steps' losses and gradient norms and over the final weights, and the router statistics
-of the run. "save" checkpoints step SAVE_AT, "resume" starts from that step (its steps are compared with the
-oracle's last ones). Rank 0 writes {case name: {...}} to argv[2]; a case with "refused" writes the ValueError's
+"save"/"resume": a checkpoint location, "dense": the dense "tiny" preset instead) it trains the built-in model's
+"moe-tiny" preset (4 experts, top 2, a shared expert, the load-balancing loss) through the public API
+(`te.transform`, `te.forward_backward`) for STEPS steps, and an unsharded single-process oracle on the same global
+micro-batches: micro-batch i of the step is row i of every data-parallel rank's rows (what the load-balancing loss
+counts over together). It records the worst relative error over the steps' losses and gradient norms and over the
+final weights, and the router statistics of the run. "save" checkpoints step SAVE_AT, "resume" starts from that
+step (its steps are compared with the oracle's last ones); "meter" measures one step's all-to-all instead.
+Rank 0 writes {case name: {...}} to argv[2]; a case with "refused" writes the ValueError's
 text instead.
 """
 import dataclasses

@@ -173,7 +173,8 @@ def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
         world_size=8, processes_per_host=2)
     assert dims.ep_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert dims.expert_replica_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    with pytest.raises(ValueError, match=r"ep \(3\) must divide the data-parallel degree 4.*ep is expert_parallel_degree"):
+    with pytest.raises(ValueError,
+                       match=r"ep \(3\) must divide the data-parallel degree 4.*ep is expert_parallel_degree"):
         Parallelism.parse({"expert_parallel_degree": 3}).dims(world_size=4, processes_per_host=2)
     with pytest.raises(ValueError, match=r"ep \(2\) with cp 2: expert parallelism composes with MiCS only so far"):
         Parallelism.parse({"expert_parallel_degree": 2, "context_parallel_degree": 2}).dims(

@@ -9,7 +9,8 @@ Forms accepted (the SDK passes whichever the user wrote; `init()` and `transform
                 "replica_sync": "bucketed"|"native", "replica_bucket_mb": x,
                 "replica_compression": null|"bf16"|"int8", "hierarchical_chunks": c, "cpu_offload": true|false},
        "tensor_parallel_degree": tp, "pipeline_parallel_degree": pp, "context_parallel_degree": cp,
-       "expert_parallel_degree": ep, "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v, "microbatches": m|null,
+       "expert_parallel_degree": ep, "pipeline_schedule": "gpipe"|"1f1b"|"interleaved_1f1b", "virtual_stages": v,
+       "microbatches": m|null,
        "pipeline_split": [blocks per stage, pp * v of them]|null,
        "gradient_accumulation_steps": s|null, "activation_checkpointing": "none"|"full"|"selective",
        "mixed_precision": "bf16"|"fp32"|null, "gradient_clipping": float|null}
