@@ -101,7 +101,8 @@ def test_typed_distribution_reaches_the_engine():
                  "replica_compression": None, "hierarchical_chunks": 4, "cpu_offload": False},
         "gradient_accumulation_steps": None, "activation_checkpointing": "none", "mixed_precision": None,
         "gradient_clipping": None, "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1,
-        "context_parallel_degree": 1, "pipeline_schedule": "1f1b", "virtual_stages": 1, "microbatches": None, "pipeline_split": None}
+        "context_parallel_degree": 1, "expert_parallel_degree": 1, "pipeline_schedule": "1f1b", "virtual_stages": 1,
+        "microbatches": None, "pipeline_split": None}
     smp = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
         "sharded_data_parallel_degree": 8, "sdp_hierarchical_allgather": False, "sdp_gradient_clipping": 1.0}}}}
     typed = _engines_view(render_contract(_spec(distribution=smp), 0).env)

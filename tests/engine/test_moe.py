@@ -211,7 +211,9 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
     cases = [dict(name="ep2-accum2", distribution={"expert_parallel_degree": 2}, microbatches=2),
              dict(name="dense-ep2", dense=True, refused=True, distribution={"expert_parallel_degree": 2},
                   microbatches=1),
-             dict(name="meter", meter=True, distribution={"expert_parallel_degree": 2}, microbatches=2)]
+             dict(name="meter", meter=True, distribution={"expert_parallel_degree": 2}, microbatches=2),
+             # the mixture of experts under context parallelism: the load-balancing loss counts both ranks' tokens
+             dict(name="moe-cp2", distribution={"context_parallel_degree": 2}, microbatches=2)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1)
     assert "expert_parallel_degree 2: llama has no mixture-of-experts layers" in results.pop("dense-ep2")
     # the comm meter against the formula: with every token routed to experts 0 and 1 (rank 0's), rank 1 sends its
@@ -224,7 +226,7 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
     for rank, got in enumerate(meter):
         assert got["all_to_all"]["intra_bytes"] == want and got["all_to_all"]["inter_bytes"] == 0, (rank, got, want)
         assert got["ep"]["intra_bytes"] >= want, (rank, got)  # here the ep group is also the partition group
-    _assert_exact(results, ["ep2-accum2"])
+    _assert_exact(results, ["ep2-accum2", "moe-cp2"])
 
 
 @pytest.mark.slow

@@ -100,7 +100,8 @@ def test_plan_ranks_fitting_layouts_fastest_first_and_marks_the_rest():
     assert all(p.over_bytes == max(0, p.memory.total - usable) and p.over_bytes + p.host_over_bytes > 0 for p in rest)
     assert [p.over_bytes + p.host_over_bytes for p in rest] == sorted(p.over_bytes + p.host_over_bytes for p in rest)
     # 32 x 80 GiB cannot hold 70B's 1.13 TB of states on every GPU: DDP never fits
-    assert all(not p.fits for p in result.layouts if p.layout.partition_group_size * p.layout.tp * p.layout.pp == 1)
+    assert all(not p.fits for p in result.layouts
+               if p.layout.partition_group_size * p.layout.tp * p.layout.pp * p.layout.cp == 1)
     assert result.best is fitting[0]
 
 
@@ -213,3 +214,71 @@ def test_a_model_object_built_for_the_engine_plans_by_its_config():
         assert resolve_model(model).total_params == from_preset("llama3-8b").total_params
     with pytest.raises(ConfigError, match="no built-in ModelConfig"):
         resolve_model(type("Other", (), {"config": object()})())
+
+
+def test_context_parallelism_divides_a_sequence_s_activations_and_adds_its_ring():
+    """The rank's activations are those of seq_len / cp tokens (plus the ring's fp32 output); the model states are
+    sharded over the cp ranks too (they share the partition group); the ring's bytes per layer and micro-batch are
+    2 (cp - 1) KV + cp G, behind the attention (overlapped traffic)."""
+    from trainyard.job.plan import steptime
+
+    shape, hw = from_preset("llama3-8b"), hardware("ml.p4d.24xlarge", 1)
+    one = _layout(dp=1, partition_group_size=1, tp=8)
+    two = dataclasses.replace(one, tp=4, cp=2)
+    assert two.world == 8 and two.distribution()["context_parallel_degree"] == 2
+    a1 = memory.estimate(shape, one, 8192).activations
+    a2 = memory.estimate(shape, two, 8192).activations
+    per_token = (memory.per_layer_bytes(shape, "bf16") + 4 * shape.dim) / 4 * shape.n_layers
+    assert a2 == pytest.approx(8192 / 2 * per_token, rel=1e-6) and a2 > a1  # tp 4 x cp 2 against tp 8
+    t1 = steptime.estimate(shape, one, 8192, 1, hw, 1)
+    t2 = steptime.estimate(shape, two, 8192, 1, hw, 1)
+    kv = 2 * 8192 // 2 * shape.kv_dim / 4  # elements of the rank's keys and values (over tp 4)
+    tp_bytes = lambda lay: 8 * shape.n_layers * 8192 // lay.cp * shape.dim * 2 * (lay.tp - 1) / lay.tp  # noqa: E731
+    gathers = (2 * 2 + 4) * steptime._stage_params(shape, two) / 2  # MiCS over the 2 cp ranks: (2c + 4) Psi / 2
+    assert t2.comm_intra_bytes - tp_bytes(two) - gathers == pytest.approx(
+        shape.n_layers * (2 * kv * 2 + 2 * kv * 4), rel=1e-9)
+    assert t1.comm_intra_bytes == pytest.approx(tp_bytes(one), rel=1e-9)
+    assert memory.estimate(shape, two, 8192).parameters == pytest.approx(
+        memory.estimate(shape, dataclasses.replace(one, tp=4), 8192).parameters / 2, rel=1e-6)
+
+
+def test_the_plan_of_a_long_sequence_offers_context_parallel_layouts_and_auto_names_them():
+    from trainyard.job.distribution import typed
+    from trainyard.job.plan.auto import summary
+
+    result = plan("llama3-8b", seq_len=8192, global_batch_size=2, instance_type="ml.p4d.24xlarge", instance_count=1)
+    cps = {p.layout.cp for p in result.layouts}
+    assert cps == {1, 2, 4, 8}
+    for p in result.layouts:  # the SDK takes every one of them
+        typed(p.layout.distribution(), world_size=8, processes_per_host=8)
+    best_cp = next(p for p in result.layouts if p.layout.cp > 1)
+    assert f", cp {best_cp.layout.cp}" in summary(best_cp)
+
+
+def test_expert_parallelism_spreads_the_experts_and_its_all_to_all_is_waited_for():
+    from trainyard.job.plan import steptime
+
+    shape, hw = from_preset("mixtral-8x7b"), hardware("ml.p4d.24xlarge", 2)
+    base = _layout(dp=16, partition_group_size=1, activation_checkpointing="full")
+    spread = dataclasses.replace(base, ep=8)
+    dense_block = shape.block_matrix_params - shape.block_expert_params + 2 * shape.dim
+    root = shape.embedding_params + shape.head_params
+    m1, m8 = memory.estimate(shape, base, 4096), memory.estimate(shape, spread, 4096)
+    assert m1.parameters == (shape.n_layers * (shape.block_matrix_params + 2 * shape.dim) + root) * 4
+    assert m8.parameters == round((shape.n_layers * dense_block + root) * 4
+                                  + shape.n_layers * shape.block_expert_params / 8 * 4)
+    assert spread.distribution()["expert_parallel_degree"] == 8
+    t1, t8 = steptime.estimate(shape, base, 4096, 16, hw, 2), steptime.estimate(shape, spread, 4096, 16, hw, 2)
+    # the all-to-all inside a host of 8 (full recompute: 6 per layer and micro-batch), nothing else intra-host at
+    # p = 1; the spread experts' gradients cross the 2 hosts once, between the 2 ranks holding each expert
+    a2a = shape.n_layers * (4 + 2) * 4096 * shape.top_k * 7 / 8 * shape.dim * 2
+    assert t1.comm_intra_bytes == 0 and t8.comm_intra_bytes == pytest.approx(a2a, rel=1e-9)
+    experts = shape.n_layers * shape.block_expert_params / 8
+    dense = shape.n_layers * (shape.block_matrix_params - shape.block_expert_params + 2 * shape.dim) + \
+        shape.embedding_params + shape.head_params
+    assert t8.comm_inter_bytes == pytest.approx(2 * 4 * experts / 2 + 2 * 4 * dense * 15 / 16, rel=1e-9)
+    result = plan("mixtral-8x7b", seq_len=4096, global_batch_size=16, instance_type="ml.p4d.24xlarge",
+                  instance_count=2)
+    eps = {p.layout.ep for p in result.layouts}
+    assert eps == {1, 2, 4, 8} and all(p.layout.tp == p.layout.pp == 1 for p in result.layouts if p.layout.ep > 1)
+    assert {p.layout.tp for p in result.layouts} == {1}  # a mixture of experts takes no tensor parallelism yet

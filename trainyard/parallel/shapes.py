@@ -105,6 +105,16 @@ class ModelShape:
         return self.attention_params + (3 if self.gated_mlp else 2) * self.dim * self.ffn_hidden
 
     @property
+    def block_expert_params(self) -> int:
+        """One block's routed experts (0 when dense): what expert parallelism spreads."""
+        return self.n_experts * self.expert_params
+
+    @property
+    def active_block_matrix_params(self) -> int:
+        """One block's matrices a token multiplies by: all of them but the routed experts it is not sent to."""
+        return self.block_matrix_params - max(self.n_experts - self.top_k, 0) * self.expert_params
+
+    @property
     def idle_expert_params(self) -> int:
         """Parameters of the routed experts a token does not go through, over all blocks (0 when dense)."""
         return self.n_layers * max(self.n_experts - self.top_k, 0) * self.expert_params

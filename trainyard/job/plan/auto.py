@@ -34,6 +34,8 @@ def summary(chosen: PlannedLayout) -> str:
     """One line for the console before launch."""
     lay = chosen.layout
     pipe = f", pp {lay.pp} {lay.pipeline_schedule}" if lay.pp > 1 else ""
+    pipe += f", cp {lay.cp}" if lay.cp > 1 else ""
+    pipe += f", ep {lay.ep}" if lay.ep > 1 else ""
     return (f"distribution 'auto': dp {lay.dp} (partition groups of {lay.partition_group_size}), tp {lay.tp}{pipe}, "
             f"micro-batch {lay.micro_batch_size} x {lay.microbatches}, activation checkpointing "
             f"{lay.activation_checkpointing}, {lay.precision}: {chosen.memory.total / 2 ** 30:.2f} GiB per rank, "

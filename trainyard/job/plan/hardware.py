@@ -32,6 +32,10 @@ EFFICIENCY = {"NVIDIA H100": 0.52, "NVIDIA H200": 0.52, "NVIDIA A100": 0.63}
 # Attention (the 12 L H Q T FLOPs) runs at this fraction of the matrix multiplies' efficiency: fused attention
 # kernels reach about half the TFLOP/s of large GEMMs on A100/H100 (FlashAttention-2 paper, fwd+bwd).
 ATTENTION_RELATIVE_EFFICIENCY = 0.5
+# Context parallelism's ring computes its attention blocks as float32 matmuls (engine/distributed/context.py, no
+# fused kernel), which tensor cores run as TF32 at half the bf16 peak (A100 156 / 312, H100 494.7 / 989.4
+# TFLOP/s): its attention at this fraction of a bf16 layout's.
+RING_RELATIVE_EFFICIENCY = 0.5
 # CPU offload: parameters a GPU's rank updates per second with PyTorch's fused AdamW on the host: 0.6-1.1e9 per
 # thread measured on a 2-core CPU machine (64M fp32 parameters, torch 2.13); on a 16-core H100 host the offloaded
 # steps of bench/plan_check.py --offload came within 4% of the plan with this figure (docs/plan.md). 1e9 per GPU

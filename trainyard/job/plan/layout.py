@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Layout:
     dp: int
-    """Data-parallel ranks (world / (tp x pp))."""
+    """Data-parallel ranks (world / (tp x pp x cp))."""
     partition_group_size: int
     """MiCS partition group p: model states sharded over p data-parallel ranks (p = dp: ZeRO-3; 1: DDP)."""
     tp: int
@@ -26,6 +26,10 @@ class Layout:
     """bf16 (bf16 compute, fp32 master weights, gradients and optimizer states) or fp32."""
     cpu_offload: bool = False
     """Sharded parameters, gradients and optimizer states in host memory (`mics.cpu_offload`)."""
+    cp: int = 1
+    """Context-parallel ranks one sequence is split over (inside a host)."""
+    ep: int = 1
+    """Expert-parallel ranks a mixture of experts' experts are spread over (data-parallel ranks)."""
 
     @property
     def replicas(self) -> int:
@@ -33,7 +37,7 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def distribution(self) -> dict:
         """The typed `distribution` that runs this layout."""
@@ -47,6 +51,10 @@ class Layout:
         if self.pp > 1:
             d |= {"pipeline_schedule": self.pipeline_schedule, "virtual_stages": self.virtual_stages,
                   "microbatches": self.microbatches}
+        if self.cp > 1:
+            d["context_parallel_degree"] = self.cp
+        if self.ep > 1:
+            d["expert_parallel_degree"] = self.ep
         return d
 
     def to_dict(self) -> dict:

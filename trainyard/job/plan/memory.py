@@ -4,9 +4,12 @@ parallelism, pipeline stages, activation checkpointing). Bytes, by what holds th
 - parameters, gradients, optimizer states (the model states): fp32 master weights (4 B), fp32 gradient shards
   (4 B: the reduction runs in fp32) and AdamW's two fp32 moments (8 B) per parameter of the rank's pipeline
   stage(s), matrices split over tp, all of it sharded over the partition group p: 16 Psi / p (REFERENCE.md),
-  in bf16-mixed and fp32 alike.
+  in bf16-mixed and fp32 alike; under context parallelism over p x cp ranks (the cp ranks share the group).
 - activations: what backward needs of the micro-batches in flight (one without a pipeline; the schedule's
-  warm-up depth with one), from the built-in block's saved tensors (`per_layer_bytes`), split over tp.
+  warm-up depth with one), from the built-in block's saved tensors (`per_layer_bytes`), split over tp; under
+  context parallelism for the rank's seq_len / cp tokens, plus the ring's float32 output.
+- expert parallelism: the rank's n_experts / ep experts of every block are held whole (16 bytes per parameter:
+  MiCS leaves them alone), the rest of the block as above.
 - buffers: transient copies: two gathered blocks (the one computing and the one prefetched) in the compute
   dtype, the root (embedding, final norm, head) gathered for the whole step, and at the loss (last stage) the
   logits, the saved fp32 log-softmax, its fp32 gradient and that gradient in the compute dtype.
@@ -85,6 +88,9 @@ def per_layer_bytes(shape: ModelShape, precision: str) -> float:
     product (4 ffn; a plain MLP keeps 2); the fp32 ones: the two norms' fp32 inputs (2 dim)."""
     c = COMPUTE_BYTES[precision]
     mlp = (4 if shape.gated_mlp else 2) * shape.ffn_hidden
+    if shape.n_experts:  # a mixture of experts: the SwiGLUs of the token's top_k and shared experts, and its rows
+        # gathered for and returned by the experts
+        mlp = 4 * shape.expert_hidden * (shape.top_k + shape.n_shared_experts) + 2 * shape.top_k * shape.dim
     return c * (8 * shape.dim + mlp) + 4 * 2 * shape.dim
 
 
@@ -105,8 +111,9 @@ def in_flight(layout: Layout, stage_rank: int) -> float:
 def _activations(shape: ModelShape, layout: Layout, seq_len: int, layers: int, stage_rank: int) -> tuple[float, float]:
     """(bytes kept for backward by the micro-batches in flight, bytes of one block rebuilt by checkpointing)."""
     c = COMPUTE_BYTES[layout.precision]
-    tokens = layout.micro_batch_size * seq_len
-    full = per_layer_bytes(shape, layout.precision) / layout.tp
+    tokens = layout.micro_batch_size * seq_len // layout.cp  # context parallelism: the rank's chunks only
+    # the ring also saves its float32 output for the backward
+    full = (per_layer_bytes(shape, layout.precision) + (4 * shape.dim if layout.cp > 1 else 0)) / layout.tp
     kept = shape.dim * c / layout.tp  # a checkpointed block keeps its input
     ac = layout.activation_checkpointing
     saved = {"none": layers * full, "full": layers * kept,
@@ -118,10 +125,15 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, *, fused_optimizer
     """The memory of the rank that needs the most (first or last pipeline stage); `fused_optimizer` False for
     hosts without CUDA (the engine's AdamW is then PyTorch's foreach one, see FOREACH_TEMPORARIES)."""
     c = COMPUTE_BYTES[layout.precision]
-    p, tp, pp = layout.partition_group_size, layout.tp, layout.pp
+    # the states are sharded over the partition group's data-parallel ranks and their context-parallel ranks
+    p, tp, pp = layout.partition_group_size * layout.cp, layout.tp, layout.pp
     layers = shape.n_layers // pp
     block = shape.block_matrix_params / tp + 2 * shape.dim
-    tokens = layout.micro_batch_size * seq_len
+    # expert parallelism: a rank holds n_experts / ep of each block's experts whole (MiCS leaves them alone)
+    experts = shape.block_expert_params / layout.ep if layout.ep > 1 else 0.0
+    if experts:
+        block -= shape.block_expert_params / tp
+    tokens = layout.micro_batch_size * seq_len // layout.cp
     candidates = []
     for stage_rank in sorted({0, pp - 1}):
         root = 0.0
@@ -143,11 +155,13 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, *, fused_optimizer
         # ends) and of the block in backward, when a partition group reduces them
         backward = gathered + held_logits + ((root + block) * 4 if (p > 1 or offload) else 0.0)
         stored, rebuilt = _activations(shape, layout, seq_len, layers, stage_rank)
+        spread = layers * experts  # expert-parallel experts: whole on the rank, never offloaded
         states = params * (MASTER + GRAD + ADAM) / p
         on_gpu = 0.0 if offload else 1.0
         candidates.append(Memory(
-            parameters=round(on_gpu * params * MASTER / p), gradients=round(on_gpu * params * GRAD / p),
-            optimizer=round(on_gpu * params * ADAM / p),
+            parameters=round(on_gpu * params * MASTER / p + spread * MASTER),
+            gradients=round(on_gpu * params * GRAD / p + spread * GRAD),
+            optimizer=round(on_gpu * params * ADAM / p + spread * ADAM),
             activations=round(stored), recompute=round(rebuilt), buffers=round(gathered + logits),
             gathered=round(backward), host=round(states) if offload else 0,
             optimizer_step=0 if fused_optimizer or offload else round(params * MASTER / p * FOREACH_TEMPORARIES)))

@@ -1,9 +1,10 @@
 """`plan()`: every layout the engine accepts for a model on a cluster, with its memory, step time, tokens/s, MFU,
 cost, and time and cost to train a number of tokens; best first.
 
-Enumerated: tensor-parallel degrees dividing the GPUs of a host, pipeline degrees dividing the layers and the
-world (each schedule: GPipe, 1F1B, interleaved 1F1B with 2 virtual stages), every MiCS partition size dividing
-the data-parallel degree, every micro-batch size dividing the per-rank batch, and the three activation
+Enumerated: tensor-parallel degrees dividing the GPUs of a host, context-parallel degrees with cp x tp dividing
+them, pipeline degrees dividing the layers and the world (each schedule: GPipe, 1F1B, interleaved 1F1B with 2
+virtual stages), every MiCS partition size dividing the data-parallel degree, for a mixture of experts every
+expert-parallel degree dividing both the data-parallel degree and the experts, every micro-batch size dividing the per-rank batch, and the three activation
 checkpointing modes, each with and without CPU offload (`mics.cpu_offload`; GPU instances only). Each is
 checked by the SDK's own checks (`job.distribution.typed`, `check_tp`, `check_pipeline`), so the planner
 never proposes a layout `Estimator` refuses. A layout fits when its GPU memory is under the usable part of the
@@ -12,11 +13,12 @@ GPU's and, offloaded, its host memory under its share of the host's. Ranking: la
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainyard.parallel.layout import check_pipeline, check_tp
+from trainyard.parallel.layout import check_cp, check_experts, check_pipeline, check_tp
 from trainyard.job.distribution import typed
 from trainyard.job.catalog import LOCAL
 from trainyard.errors import ConfigError
@@ -90,6 +92,8 @@ def _valid(shape: ModelShape, layout: Layout, seq_len: int, world: int, gpus_per
         typed(layout.distribution(), world_size=world, processes_per_host=gpus_per_host)
         check_tp(tp=layout.tp, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, ffn_hidden=shape.ffn_hidden,
                  vocab_size=shape.vocab_size, seq_len=seq_len)
+        check_cp(cp=layout.cp, seq_len=seq_len, tp=layout.tp)
+        check_experts(ep=layout.ep, tp=layout.tp, pp=layout.pp, n_experts=shape.n_experts, model=shape.name)
         if layout.pp > 1:
             check_pipeline(pp=layout.pp, schedule=layout.pipeline_schedule, virtual_stages=layout.virtual_stages,
                            microbatches=layout.microbatches, n_layers=shape.n_layers)
@@ -103,23 +107,22 @@ def layouts(shape: ModelShape, *, seq_len: int, global_batch_size: int, world: i
     """Every layout of `world` GPUs the SDK accepts for this model and batch (with each of `offload`)."""
     out = []
     for tp in _divisors(gpus_per_host):
-        for pp in _divisors(world // tp) if world % tp == 0 else []:
-            dp = world // (tp * pp)
-            if global_batch_size % dp:
-                continue
-            per_rank = global_batch_size // dp
-            schedules = SCHEDULES if pp > 1 else (("none", 1),)
-            for p in _divisors(dp):
-                for schedule, v in schedules:
-                    for mbs in _divisors(per_rank):
-                        for ac in AC_MODES:
-                            for off in offload:
-                                layout = Layout(dp=dp, partition_group_size=p, tp=tp, pp=pp,
-                                                pipeline_schedule=schedule, virtual_stages=v, micro_batch_size=mbs,
-                                                microbatches=per_rank // mbs, activation_checkpointing=ac,
-                                                precision=precision, cpu_offload=off)
-                                if _valid(shape, layout, seq_len, world, gpus_per_host):
-                                    out.append(layout)
+        for cp in _divisors(gpus_per_host // tp):  # the ranks splitting a sequence stay inside a host
+            for pp in _divisors(world // (tp * cp)) if world % (tp * cp) == 0 else []:
+                dp = world // (tp * cp * pp)
+                if global_batch_size % dp:
+                    continue
+                per_rank = global_batch_size // dp
+                schedules = SCHEDULES if pp > 1 else (("none", 1),)
+                eps = [e for e in _divisors(dp) if shape.n_experts % e == 0] if shape.n_experts else [1]
+                for ep, p, (schedule, v), mbs, ac, off in itertools.product(
+                        eps, _divisors(dp), schedules, _divisors(per_rank), AC_MODES, offload):
+                    layout = Layout(dp=dp, partition_group_size=p, tp=tp, pp=pp, cp=cp, ep=ep,
+                                    pipeline_schedule=schedule, virtual_stages=v, micro_batch_size=mbs,
+                                    microbatches=per_rank // mbs, activation_checkpointing=ac,
+                                    precision=precision, cpu_offload=off)
+                    if _valid(shape, layout, seq_len, world, gpus_per_host):
+                        out.append(layout)
     return out
 
 
@@ -146,10 +149,11 @@ def evaluate(shape: ModelShape, layout: Layout, *, seq_len: int, global_batch_si
 
 
 def _rank(p: PlannedLayout) -> tuple:
-    """Fitting first; among them the fastest, where speeds within 1% count as equal and the one needing less
-    memory wins (the prediction is not finer than that, and headroom is worth more); then the least over."""
+    """Fitting first; among them the fastest, where speeds within 1% count as equal and the one without context
+    parallelism, then the one needing less memory, wins (the prediction is not finer than that; the ring's sends
+    and the split attention cost more than the model counts, and headroom is worth more); then the least over."""
     speed_bucket = math.floor(math.log(p.tokens_per_s_per_gpu) / math.log(1.01))
-    return (not p.fits, p.over_bytes + p.host_over_bytes, -speed_bucket, p.memory.total)
+    return (not p.fits, p.over_bytes + p.host_over_bytes, -speed_bucket, p.layout.cp, p.memory.total)
 
 
 def _check_positive(field: str, value: object) -> int:

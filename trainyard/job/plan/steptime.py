@@ -1,9 +1,10 @@
 """Time of one optimizer step on the engine, per GPU, from FLOPs and bytes.
 
 Compute: hardware FLOPs of the rank's tokens (model FLOPs 6 N + 12 L H Q T, plus the forward recomputed by
-activation checkpointing: 2 N_blocks + 4 L H Q T per token for full, half of it for selective) at the GPU's
-calibrated efficiency (attention at ATTENTION_RELATIVE_EFFICIENCY of it), stretched by the pipeline bubble
-(pp - 1) / (v m).
+activation checkpointing: 2 N_blocks + 4 L H Q T per token for full, half of it for selective; N the active
+parameters of a mixture of experts) at the GPU's calibrated efficiency (attention at ATTENTION_RELATIVE_EFFICIENCY
+of it, and the context-parallel ring's at RING_RELATIVE_EFFICIENCY of that in bf16), stretched by the pipeline
+bubble (pp - 1) / (v m).
 
 Communication, bytes each rank sends per step (ring algorithm; REFERENCE.md, engine meter):
 - MiCS / FSDP2 over the partition group of p ranks, per micro-batch: all-gather of the stage's parameters in the
@@ -15,6 +16,10 @@ Communication, bytes each rank sends per step (ring algorithm; REFERENCE.md, eng
 - tensor parallelism with sequence parallelism, per block and micro-batch: 2 all-gathers and 2 reduce-scatters
   of the block's activations (b s dim c) in forward, as many in backward, again in a recomputed forward.
 - pipeline: each micro-batch's activations and their gradients cross every stage boundary (v per rank).
+- context parallelism (the rank's seq_len / cp tokens): the ring, per layer and micro-batch, 2 (cp - 1) x its keys
+  and values in the compute dtype plus cp x their fp32 gradients; it runs behind the attention it feeds.
+- expert parallelism: the all-to-all of the assignments that leave the rank ((ep - 1) / ep under uniform
+  routing), 4 per layer and micro-batch (dispatch and combine, forward and backward); waited for.
 Overlap: the engine prefetches the next block's all-gather and reduce-scatters while backward runs, and its
 replica sync is bucketed behind the backward: those hide under compute except the first gather and last
 reduce-scatter (one block's worth); tensor-parallel and pipeline transfers are waited for.
@@ -26,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.job.plan.hardware import ATTENTION_RELATIVE_EFFICIENCY, HOST_ADAM_PARAMS_PER_S, Hardware
+from trainyard.job.plan.hardware import (ATTENTION_RELATIVE_EFFICIENCY, HOST_ADAM_PARAMS_PER_S,
+                                         RING_RELATIVE_EFFICIENCY, Hardware)
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.memory import COMPUTE_BYTES
 from trainyard.parallel.shapes import ModelShape
@@ -57,7 +63,7 @@ def hardware_flops_per_token(shape: ModelShape, seq_len: int, ac: str) -> tuple[
     attention = shape.attention_flops_per_token(seq_len)
     dense = shape.flops_per_token(seq_len) - attention
     share = RECOMPUTED[ac]
-    block_dense = 2.0 * shape.n_layers * shape.block_matrix_params  # a block's forward: 2 FLOPs per weight
+    block_dense = 2.0 * shape.n_layers * shape.active_block_matrix_params  # forward: 2 FLOPs per weight used
     return dense + share * block_dense, attention * (1 + share / 3)  # forward attention is a third of fwd + bwd
 
 
@@ -83,18 +89,24 @@ class _Traffic:
 
 
 def _stage_params(shape: ModelShape, layout: Layout) -> float:
-    """Parameters of an average rank: its blocks' matrices over tp, their norms, its share of the root."""
+    """Parameters of an average rank that MiCS shards: its blocks' matrices over tp (without the experts that
+    expert parallelism spreads), their norms, its share of the root."""
     layers = shape.n_layers // layout.pp
-    return layers * (shape.block_matrix_params / layout.tp + 2 * shape.dim) + \
+    matrices = shape.block_matrix_params - (shape.block_expert_params if layout.ep > 1 else 0)
+    return layers * (matrices / layout.tp + 2 * shape.dim) + \
         (shape.embedding_params + shape.head_params) / (layout.tp * layout.pp)
 
 
-def _sharding_traffic(shape: ModelShape, layout: Layout, hw: Hardware, hosts: int) -> _Traffic:
+def _sharding_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardware, hosts: int) -> _Traffic:
     """MiCS's gathers and reduce-scatters inside the partition group (ranks tp apart) every micro-batch, two
     hops when the group spans k hosts ((k - 1) of the p - 1 shards cross them); the replicas' all-reduce of
-    the fp32 gradient shard (ranks p x tp apart) once per step. The engine overlaps all of it with compute."""
+    the fp32 gradient shard (ranks p x tp apart) once per step; the spread experts' gradient all-reduce over the
+    ranks holding the same experts; context parallelism's ring (keys and values cp - 1 hops forward and again
+    backward, and in a recomputed forward, their fp32 gradients cp hops), which runs behind the attention blocks.
+    The engine overlaps all of it with compute."""
     c = COMPUTE_BYTES[layout.precision]
-    p, r, tp, gph = layout.partition_group_size, layout.replicas, layout.tp, hw.gpus_per_host
+    # under context parallelism the group is p x cp ranks, tp apart (the cp ranks share it)
+    p, r, tp, gph = layout.partition_group_size * layout.cp, layout.replicas, layout.tp, hw.gpus_per_host
     params = _stage_params(shape, layout)
     traffic = _Traffic()
     if p > 1:
@@ -106,17 +118,35 @@ def _sharding_traffic(shape: ModelShape, layout: Layout, hw: Hardware, hosts: in
         traffic.add(crossing, inter=True, hw=hw)
     if r > 1:
         traffic.add(2 * 4 * params / p * (r - 1) / r, inter=_crosses_hosts(r, p * tp, gph, hosts), hw=hw)
+    ep = layout.ep
+    if ep > 1 and layout.dp > ep:  # the spread experts' fp32 gradients, over the ranks holding the same ones
+        holders = layout.dp // ep
+        spread = shape.n_layers * shape.block_expert_params / ep
+        traffic.add(2 * 4 * spread * (holders - 1) / holders,
+                    inter=_crosses_hosts(holders, ep * tp * layout.cp, gph, hosts), hw=hw)
+    if layout.cp > 1:  # the ring, per layer and micro-batch, behind the attention blocks it feeds
+        cp, c = layout.cp, COMPUTE_BYTES[layout.precision]
+        kv = 2 * layout.micro_batch_size * seq_len // cp * shape.kv_dim / tp  # keys and values, elements
+        hops = 2 * (cp - 1) * kv * c + cp * kv * 4 + RECOMPUTED[layout.activation_checkpointing] * (cp - 1) * kv * c
+        traffic.add(layout.microbatches * shape.n_layers // layout.pp * hops, inter=False, hw=hw)
     return traffic
 
 
 def _waited_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardware, hosts: int) -> _Traffic:
     """Tensor parallelism (4 collectives of a block's activations forward, 4 backward, 4 per recomputed forward,
-    per block and micro-batch) and the pipeline's sends (activations forward, their gradients backward, across
-    v boundaries per rank): the step waits for them."""
+    per block and micro-batch), the pipeline's sends (activations forward, their gradients backward, across
+    v boundaries per rank) and expert parallelism's all-to-all (each assignment leaves the rank with probability
+    (ep - 1) / ep, dispatched and combined, forward and backward, again in a recomputed forward): the step waits
+    for them."""
     c = COMPUTE_BYTES[layout.precision]
     tp, pp, m = layout.tp, layout.pp, layout.microbatches
-    mb_tokens = layout.micro_batch_size * seq_len
+    mb_tokens = layout.micro_batch_size * seq_len // layout.cp  # the rank's tokens of a micro-batch
     traffic = _Traffic()
+    if layout.ep > 1:  # a mixture of experts' dispatch and combine, forward and backward (uniform routing)
+        ep, recompute = layout.ep, RECOMPUTED[layout.activation_checkpointing]
+        rows = mb_tokens * shape.top_k * (ep - 1) / ep
+        traffic.add(m * shape.n_layers * (4 + 2 * recompute) * rows * shape.dim * c,
+                    inter=_crosses_hosts(ep, tp * layout.cp, hw.gpus_per_host, hosts), hw=hw)
     if tp > 1:
         calls = 8 + 4 * RECOMPUTED[layout.activation_checkpointing]
         layers = shape.n_layers // pp
@@ -131,16 +161,19 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int,
     dense, attention = hardware_flops_per_token(shape, seq_len, layout.activation_checkpointing)
     tokens_per_gpu = global_batch * seq_len / layout.world
     rate = hw.efficiency * hw.peak_flops
-    compute = tokens_per_gpu * (dense / rate + attention / (rate * ATTENTION_RELATIVE_EFFICIENCY))
+    attention_rate = rate * ATTENTION_RELATIVE_EFFICIENCY
+    if layout.cp > 1 and layout.precision != "fp32":  # the ring's float32 blocks (hardware.py)
+        attention_rate *= RING_RELATIVE_EFFICIENCY
+    compute = tokens_per_gpu * (dense / rate + attention / attention_rate)
     bubble = compute * (layout.pp - 1) / (layout.virtual_stages * layout.microbatches) if layout.pp > 1 else 0.0
-    hidden = _sharding_traffic(shape, layout, hw, hosts)
+    hidden = _sharding_traffic(shape, layout, seq_len, hw, hosts)
     waited = _waited_traffic(shape, layout, seq_len, hw, hosts)
     # what overlap cannot hide: one block's gather and reduction at each end, and anything longer than compute
     units = max(1, (shape.n_layers // layout.pp) * layout.microbatches)
     exposed = waited.seconds + max(hidden.seconds / units, hidden.seconds - compute)
     offload = 0.0
     if layout.cpu_offload:
-        shard = _stage_params(shape, layout) / layout.partition_group_size
+        shard = _stage_params(shape, layout) / (layout.partition_group_size * layout.cp)
         pcie = layout.microbatches * 2 * 4 * shard / (hw.host_bytes_per_s or hw.intra_bytes_per_s)  # in: 2 gathers
         offload = shard / HOST_ADAM_PARAMS_PER_S + max(pcie / units, pcie - compute)
     return StepTime(compute_s=compute, bubble_s=bubble, comm_intra_bytes=hidden.intra + waited.intra,
