@@ -80,9 +80,9 @@ def test_loss_curve_independent_of_process_count_and_layout():
 
 
 def test_a_mixture_of_experts_trains_with_its_experts_spread_and_reports_its_routing():
-    """moe-tiny (4 experts, top 2, a shared one) with expert parallelism 2 x MiCS p=2 on 2 hosts x 2: each rank holds
+    """moe-tiny (4 experts, top 2, a shared one) with expert parallelism 2 x MiCS p=2 on 1 host x 2: each rank holds
     2 experts; every metrics row carries the router's figures."""
-    est = _est(5, hyperparameters={**HPS, "model": "moe-tiny", "steps": 5},
+    est = _est(5, hyperparameters={**HPS, "model": "moe-tiny", "steps": 5}, instance_count=1,
                distribution={"expert_parallel_degree": 2, "mics": {"partition_group_size": 2}})
     est.fit(logs=False)
     job = est.latest_training_job

@@ -1,5 +1,5 @@
 """The bring-your-own-model example (examples/byom/train.py, the public API only) as an Estimator entry point on
-2 emulated hosts x 2 processes: context parallelism 2 x MiCS p=2 with check_equivalence first, an HF export that from_pretrained loads,
+2 emulated hosts x 2 processes: MiCS p=2 with check_equivalence first, an HF export that from_pretrained loads,
 then a longer run on tensor parallelism 2 that resumes (resharded) from the first run's checkpoint (slow: real
 multi-process jobs)."""
 import json
@@ -32,8 +32,7 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
     from transformers import AutoModelForCausalLM
 
     ckpt = "s3://e2e-byom/ckpt"
-    # context parallelism 2 x MiCS p=2: each sequence over 2 ranks, the model states over the 2 x 2 ranks of both hosts
-    est = _est(3, {"context_parallel_degree": 2, "mics": {"partition_group_size": 2}}, ckpt, check=True)
+    est = _est(3, {"mics": {"partition_group_size": 2}}, ckpt, check=True)
     est.fit(logs=False)
     job = est.latest_training_job
     logs = job.log_text()
@@ -49,7 +48,7 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
     assert logits.shape == (1, 8, 256) and torch.isfinite(logits).all()
     assert_no_processes_left(job)
 
-    # more steps on the same checkpoint location, now tensor-parallel without context parallelism: resumes after step 3
+    # more steps on the same checkpoint location, now tensor-parallel: resumes after step 3
     again = _est(5, {"tensor_parallel_degree": 2}, ckpt)
     again.fit(logs=False)
     logs = again.latest_training_job.log_text()
@@ -71,6 +70,16 @@ def test_the_same_script_runs_without_a_checkpoint_location():
     assert re.search(r"\] step 2 loss [\d.]+ experts \d\.\d\dx", logs), logs[-3000:]
     assert logs.count("load_checkpoint: the job has no checkpoint location") == 1, logs[-3000:]
     assert logs.count("save_checkpoint: the job has no checkpoint location") == 1, logs[-3000:]
+    assert "model.safetensors" in read_tar(est.model_data)
+
+
+def test_the_same_script_splits_each_sequence_under_context_parallelism():
+    """Context parallelism 2 (1 host x 2: both ranks split every sequence of the HF Llama and share its MiCS
+    group); the script's own loop takes its chunks with te.sequence_shard."""
+    est = _est(2, {"context_parallel_degree": 2, "mics": {"partition_group_size": 1}}, None, hosts=1)
+    est.fit(logs=False)
+    logs = est.latest_training_job.log_text()
+    assert _steps(logs) == [1, 2], logs[-3000:]
     assert "model.safetensors" in read_tar(est.model_data)
 
 

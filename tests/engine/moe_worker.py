@@ -1,7 +1,8 @@
 """Worker for the mixture-of-experts oracle tests (torchrun agents emulating hosts, gloo, fp32).
 
 For every case in argv[1] (JSON list: name, distribution, microbatches; optional "capacity_factor",
-"save"/"resume": a checkpoint location, "dense": the dense "tiny" preset instead) it trains the built-in model's
+"save"/"resume": a checkpoint location, "dense": the dense "tiny" preset instead, "hf": a small Hugging Face
+mixture of experts of that model type instead, without a load-balancing loss) it trains the built-in model's
 "moe-tiny" preset (4 experts, top 2, a shared expert, the load-balancing loss) through the public API
 (`te.transform`, `te.forward_backward`) for STEPS steps, and an unsharded single-process oracle on the same global
 micro-batches: micro-batch i of the step is row i of every data-parallel rank's rows (what the load-balancing loss
@@ -29,6 +30,24 @@ from trainyard.engine.trainer import token_loss
 STEPS, SEED, LR, CLIP, SEQ, SAVE_AT = 3, 5, 1e-3, 0.05, 32, 2
 
 
+# small Hugging Face mixtures of experts built from a config (transformers 5's packed experts)
+HF = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, head_dim=16),
+      "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}
+HF_COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def build(case: dict):
+    """The case's model with the oracle's weights: the built-in one initialised by the seed (transform's init), an
+    HF one built with the seed set (transform broadcasts rank 0's weights)."""
+    if case.get("hf"):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(SEED)
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(case["hf"], **HF_COMMON, **HF[case["hf"]]))
+    return build_model(config(case))
+
+
 def config(case: dict):
     cfg = MODEL_CONFIGS["tiny" if case.get("dense") else "moe-tiny"]
     return dataclasses.replace(cfg, capacity_factor=case["capacity_factor"]) if "capacity_factor" in case else cfg
@@ -44,8 +63,9 @@ def data(rows: int) -> SyntheticSource:
 
 
 def oracle(case: dict, dp: int, m: int) -> dict:
-    model = build_model(config(case))
-    init_weights(model, SEED, device="cpu")
+    model = build(case)
+    if not case.get("hf"):
+        init_weights(model, SEED, device="cpu")
     opt = optimizer(model.parameters())
     source, losses, norms = data(dp * m), [], []
     for step in range(1, STEPS + 1):
@@ -69,7 +89,7 @@ def rel(a: float, b: float) -> float:
 
 
 def run(case: dict) -> dict:
-    model = te.transform(build_model(config(case)), distribution=case["distribution"], seed=SEED)
+    model = te.transform(build(case), distribution=case["distribution"], seed=SEED)
     layout = te.api._layout(model)
     m, dp = case["microbatches"], layout.dims.dp
     opt = optimizer(model.parameters())

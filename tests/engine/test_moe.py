@@ -168,6 +168,43 @@ def test_the_trainer_checks_experts_against_the_layout_before_anything_starts(mo
         reconcile_distribution(cfg, par, world_size=4)
 
 
+def _hf_moe(model_type: str, **kw):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **kw)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def test_hf_mixtures_of_experts_qualify_by_a_small_run_or_are_refused_by_name(monkeypatch):
+    """Mixtral's, Qwen3-MoE's, Qwen2-MoE's (with its shared expert) and OLMoE's packed experts compute the same
+    logits with Trainyard's experts forward; GPT-OSS's (biased, interleaved) are refused, and so is a class whose
+    experts forward differs (here: the activation swapped behind the check's back)."""
+    from types import SimpleNamespace
+
+    from trainyard.engine.models.hf import moe as hf_moe, selfcheck
+
+    monkeypatch.setattr(selfcheck, "_verdicts", {})
+    for model_type, kw in [("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
+                           ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                              head_dim=16)),
+                           ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=64)),
+                           ("olmoe", dict(num_experts=4, num_experts_per_tok=2, eos_token_id=2, pad_token_id=1))]:
+        model = _hf_moe(model_type, **kw)
+        assert len(hf_moe.experts_modules(model)) == 2 and hf_moe._difference(model) is None, model_type
+    layout = SimpleNamespace(ep=2)
+    with pytest.raises(ValueError, match=r"expert_parallel_degree 2: the engine cannot spread the experts of "
+                                         r"GptOssForCausalLM: they are not packed as gate_up_proj / down_proj"):
+        hf_moe.apply_moe(_hf_moe("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=16), None, None,
+                         layout)
+    monkeypatch.setattr(hf_moe, "_compute", lambda module, x, counts: torch.zeros_like(x))  # a wrong forward
+    with pytest.raises(ValueError, match=r"the engine cannot spread the experts of MixtralForCausalLM: a small "
+                                         r"MixtralForCausalLM with Trainyard's experts forward differs from its own"):
+        hf_moe.apply_moe(_hf_moe("mixtral", num_local_experts=4, num_experts_per_tok=2), None, None, layout)
+
+
 def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
     dims = Parallelism.parse({"expert_parallel_degree": 2, "mics": {"partition_group_size": 2}}).dims(
         world_size=8, processes_per_host=2)
@@ -198,7 +235,8 @@ def _assert_exact(results: dict, names) -> None:
         assert set(errors) == {"loss", "grad_norm", "weights"}, (name, errors)
         assert all(e <= 1e-5 for e in errors.values()), (name, errors)
         stats = results[name]["stats"]
-        assert len(stats["expert_load"]) == TINY.n_experts and stats["aux_loss"] > 0, (name, stats)
+        if not name.startswith("hf-"):  # the built-in model's routing; an HF model's router is its own
+            assert len(stats["expert_load"]) == TINY.n_experts and stats["aux_loss"] > 0, (name, stats)
 
 
 @pytest.mark.slow
@@ -213,7 +251,8 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
                   microbatches=1),
              dict(name="meter", meter=True, distribution={"expert_parallel_degree": 2}, microbatches=2),
              # the mixture of experts under context parallelism: the load-balancing loss counts both ranks' tokens
-             dict(name="moe-cp2", distribution={"context_parallel_degree": 2}, microbatches=2)]
+             dict(name="moe-cp2", distribution={"context_parallel_degree": 2}, microbatches=2),
+             dict(name="hf-mixtral-ep2", hf="mixtral", distribution={"expert_parallel_degree": 2}, microbatches=2)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1)
     assert "expert_parallel_degree 2: llama has no mixture-of-experts layers" in results.pop("dense-ep2")
     # the comm meter against the formula: with every token routed to experts 0 and 1 (rank 0's), rank 1 sends its
@@ -226,7 +265,7 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
     for rank, got in enumerate(meter):
         assert got["all_to_all"]["intra_bytes"] == want and got["all_to_all"]["inter_bytes"] == 0, (rank, got, want)
         assert got["ep"]["intra_bytes"] >= want, (rank, got)  # here the ep group is also the partition group
-    _assert_exact(results, ["ep2-accum2", "moe-cp2"])
+    _assert_exact(results, ["ep2-accum2", "moe-cp2", "hf-mixtral-ep2"])
 
 
 @pytest.mark.slow
@@ -243,6 +282,8 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
              dict(name="ep1-mics-p2", distribution=mics, microbatches=1, save=on1),
              dict(name="ep2-resumed-from-ep1", distribution={"expert_parallel_degree": 2, **mics}, microbatches=1,
                   resume=on1),
-             dict(name="ep4", distribution={"expert_parallel_degree": 4}, microbatches=1)]
+             dict(name="ep4", distribution={"expert_parallel_degree": 4}, microbatches=1),
+             dict(name="hf-qwen3-moe-ep2-mics-p2", hf="qwen3_moe", distribution={"expert_parallel_degree": 2, **mics},
+                  microbatches=2)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2)
     _assert_exact(results, [c["name"] for c in cases])

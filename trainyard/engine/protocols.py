@@ -8,7 +8,7 @@ about a model family, so that model code stays parallel-agnostic and `paralleliz
     check_tp(model, tp)    ValueError naming the dimension a degree does not divide (heads, widths)
     apply_cp(model, mesh)  context parallelism: the model runs on its rank's zig-zag chunks of each sequence
                            (exact attention over the whole sequence); None: its attention cannot be split
-    apply_moe(model, group, layout)  a mixture of experts' balance group and expert parallelism
+    apply_moe(model, dims, group, layout)  a mixture of experts' balance group and expert parallelism
     stages                 how to cut the model into pipeline stages (None: no pipeline parallelism)
     init_module(model)     a function filling one module's own parameters and buffers (HF `_init_weights`,
                            `reset_parameters`), used for models built on the meta device; None when the
@@ -69,10 +69,11 @@ class ModelSpec:
     check_tp: Callable[[nn.Module, int], None] = lambda model, tp: None
     apply_cp: Callable[[nn.Module, object], None] | None = None
     """Context parallelism over a 1-D mesh (ring attention, rotary positions of the rank's chunks); None refuses it."""
-    apply_moe: Callable[[nn.Module, object, object], int] | None = None
-    """A mixture of experts: (model, balance group, ExpertLayout or None) sets the group the load-balancing loss
-    counts over and, with a layout, spreads the experts; returns the number of MoE layers (0: a dense model).
-    None: the family has no experts the engine knows (expert parallelism refused)."""
+    apply_moe: Callable[[nn.Module, object, object, object], int] | None = None
+    """A mixture of experts: (model, ParallelDims, balance group, ExpertLayout or None) sets the group the
+    load-balancing loss counts over and, with a layout, spreads the experts (ValueError for a layout it does not
+    take); returns the number of MoE layers (0: a dense model). None: the family has no experts the engine knows
+    (expert parallelism refused)."""
     stages: StageSplit | None = None
     no_stages: str | None = None
     """Why the model cannot be cut into stages, when `stages` is None and the reason is the model's own."""

@@ -58,6 +58,39 @@ class ExpertLayout:
     dp: int
 
 
+@dataclass
+class ExpertGroup:
+    """The ranks among which one MoE layer's experts are spread: `group` (size ep, this rank's index `rank`)."""
+
+    group: dist.ProcessGroup
+    size: int
+    rank: int
+
+
+def dispatch(tokens: torch.Tensor, counts: torch.Tensor, ep: ExpertGroup, compute) -> torch.Tensor:
+    """The experts' outputs for `tokens` (rows grouped by global expert, `counts[e]` rows for expert e), computed on
+    the ranks holding the experts: the counts go round first (all-to-all), then the rows to their experts' ranks,
+    where `compute(rows grouped by local expert, counts per local expert)` runs, and the results back (all-to-all
+    with autograd: the backward sends the gradients the other way)."""
+    from torch.distributed import _functional_collectives as funcol
+
+    local = counts.numel() // ep.size
+    send = counts.view(ep.size, local)  # row j: my assignments to rank j's experts
+    recv = funcol.wait_tensor(funcol.all_to_all_single(send.flatten().contiguous(), None, None, ep.group))
+    recv = recv.view(ep.size, local)  # row s: rank s's assignments to my experts
+    out_splits, in_splits = recv.sum(1).tolist(), send.sum(1).tolist()
+    got = funcol.wait_tensor(funcol.all_to_all_single_autograd(tokens, out_splits, in_splits, ep.group))
+    # received by (source, expert); the experts want them by (expert, source), and back again after
+    segments = recv.flatten().tolist()
+    pieces = got.split(segments)
+    by_expert = [pieces[s * local + e] for e in range(local) for s in range(ep.size)]
+    y = compute(torch.cat(by_expert), recv.sum(0).tolist())
+    back = y.split([segments[s * local + e] for e in range(local) for s in range(ep.size)])
+    by_source = [back[e * ep.size + s] for s in range(ep.size) for e in range(local)]
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(torch.cat(by_source), in_splits, out_splits,
+                                                                ep.group))
+
+
 _LAYOUTS: dict = {}
 
 

@@ -213,19 +213,17 @@ def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: tor
     of them) and, under expert parallelism, its experts spread (distributed/experts.py). Returns the layout."""
     if spec.apply_moe is None:
         if dims.ep > 1:
-            raise ValueError(f"expert_parallel_degree {dims.ep}: the engine knows no experts in {spec.name} (the built-in "
-                             "model with n_experts > 0 has them); set expert_parallel_degree to 1")
+            raise ValueError(f"expert_parallel_degree {dims.ep}: the engine knows no experts in {spec.name} (the "
+                             "built-in model with n_experts > 0 and Hugging Face mixtures of experts have them); set "
+                             "expert_parallel_degree to 1")
         return None
     if dims.ep > 1 and layout is None:
         layout = expert_layout(dims, device.type)
     balance = dist.group.WORLD if dist.is_initialized() and dims.world_size > 1 else None
-    layers = spec.apply_moe(part, balance, layout if dims.ep > 1 else None)
+    layers = spec.apply_moe(part, dims, balance, layout if dims.ep > 1 else None)
     if dims.ep > 1 and not layers:
         raise ValueError(f"expert_parallel_degree {dims.ep}: {spec.name} has no mixture-of-experts layers (a dense "
                          "model); set expert_parallel_degree to 1")
-    if layers and dims.pp > 1:
-        raise ValueError(f"pipeline_parallel_degree {dims.pp} with a mixture of experts: not supported yet (the "
-                         "load-balancing loss's weight under a pipeline schedule); set pipeline_parallel_degree to 1")
     return layout
 
 

@@ -28,6 +28,7 @@ from trainyard.engine.distributed.pipeline import cut_stage
 from trainyard.engine.models.generic import blocks_by_class
 from trainyard.engine.models.hf.cp import apply_cp
 from trainyard.engine.models.hf.families import unverified_note
+from trainyard.engine.models.hf.moe import apply_moe
 from trainyard.engine.models.hf.selfcheck import once_per_rank0, small_config
 from trainyard.engine.protocols import ModelSpec, StageSplit
 
@@ -157,5 +158,5 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     stages, no_stages = stage_split(model)
     return ModelSpec(name=f"hf:{name}", blocks=_blocks, tp_plan=tp_plan, check_tp=check_tp,
                      tp_plan_source=f"{name}._tp_plan (transformers {transformers.__version__})",
-                     stages=stages, no_stages=no_stages, apply_cp=apply_cp, init_module=lambda m: m._init_weights,
+                     stages=stages, no_stages=no_stages, apply_cp=apply_cp, apply_moe=apply_moe, init_module=lambda m: m._init_weights,
                      note=unverified_note(model, transformers.__version__))

@@ -27,14 +27,13 @@ loop over the experts; tests check the two against each other on the CPU.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.engine.distributed.experts import aux_loss_weight, shard_experts
+from trainyard.engine.distributed.experts import ExpertGroup, aux_loss_weight, dispatch, shard_experts
 
 class _AddAux(torch.autograd.Function):
     """Returns `out` unchanged; its backward also sends `aux_loss_weight()` as the gradient of the scalar `aux`, so the
@@ -97,15 +96,6 @@ class Experts(nn.Module):
         outs = [(F.silu(part @ w1[e].t()) * (part @ w3[e].t())) @ w2[e].t()
                 for e, part in enumerate(x.split(counts))]
         return torch.cat(outs)
-
-
-@dataclass
-class ExpertGroup:
-    """The ranks among which one MoE layer's experts are spread: `group` (size ep, this rank's index `rank`)."""
-
-    group: dist.ProcessGroup
-    size: int
-    rank: int
 
 
 class MoE(nn.Module):
@@ -184,33 +174,19 @@ class MoE(nn.Module):
 
     def _experts(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The chosen experts' outputs for `tokens` (grouped by expert, `counts` per global expert), computed
-        where the experts are: here, or on the ranks of the ep group (all-to-all there and back)."""
+        where the experts are: here, or on the ranks of the ep group (distributed/experts.py's `dispatch`)."""
         if self.ep is None:
             return self.experts(tokens, counts.tolist())
-        from torch.distributed import _functional_collectives as funcol
-
-        ep, local = self.ep, self.n_experts // self.ep.size
-        send = counts.view(ep.size, local)  # row j: my assignments to rank j's experts
-        recv = funcol.all_to_all_single(send.flatten().contiguous(), None, None, ep.group)
-        recv = funcol.wait_tensor(recv).view(ep.size, local)  # row s: rank s's assignments to my experts
-        out_splits, in_splits = recv.sum(1).tolist(), send.sum(1).tolist()
-        got = funcol.all_to_all_single_autograd(tokens, out_splits, in_splits, ep.group)
-        got = funcol.wait_tensor(got)
-        # received by (source, expert); the experts want them by (expert, source), and back again after
-        segments = recv.flatten().tolist()
-        pieces = got.split(segments)
-        by_expert = [pieces[s * local + e] for e in range(local) for s in range(ep.size)]
-        y = self.experts(torch.cat(by_expert), recv.sum(0).tolist())
-        back = y.split([segments[s * local + e] for e in range(local) for s in range(ep.size)])
-        by_source = [back[e * ep.size + s] for s in range(ep.size) for e in range(local)]
-        home = funcol.all_to_all_single_autograd(torch.cat(by_source), in_splits, out_splits, ep.group)
-        return funcol.wait_tensor(home)
+        return dispatch(tokens, counts, self.ep, self.experts)
 
 
-def apply_moe(model: nn.Module, balance_group: dist.ProcessGroup | None, layout) -> int:
+def apply_moe(model: nn.Module, dims, balance_group: dist.ProcessGroup | None, layout) -> int:
     """Set every MoE layer's balance group and, with an `ExpertLayout` (engine/distributed/experts.py), spread its
     experts over the ep group. Returns the number of MoE layers."""
     layers = moe_layers(model)
+    if layers and dims.pp > 1:
+        raise ValueError(f"pipeline_parallel_degree {dims.pp} with a mixture of experts: not supported yet (the "
+                         "load-balancing loss's weight under a pipeline schedule); set pipeline_parallel_degree to 1")
     for m in layers:
         m.balance_group = balance_group
         if layout is not None:
