@@ -154,7 +154,7 @@ def test_a_bad_mixture_of_experts_config_is_refused_by_name(kw, text):
     ("tiny", {"expert_parallel_degree": 2}, "expert_parallel_degree 2: tiny is dense (no experts to spread)"),
     ("moe-tiny", {"expert_parallel_degree": 4, "mics": {"partition_group_size": 1}}, None),
     ("moe-tiny", {"tensor_parallel_degree": 2}, "tensor_parallel_degree 2 with moe-tiny's 4 experts"),
-    ("moe-tiny", {"pipeline_parallel_degree": 2}, "pipeline_parallel_degree 2 with moe-tiny's 4 experts"),
+    ("moe-tiny", {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2}, None),
 ])
 def test_the_trainer_checks_experts_against_the_layout_before_anything_starts(model, distribution, text):
     from trainyard.engine.config import TrainConfig, reconcile_distribution
@@ -213,7 +213,8 @@ def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
     with pytest.raises(ValueError,
                        match=r"ep \(3\) must divide the data-parallel degree 4.*ep is expert_parallel_degree"):
         Parallelism.parse({"expert_parallel_degree": 3}).dims(world_size=4, processes_per_host=2)
-    with pytest.raises(ValueError, match=r"ep \(2\) with cp 2: expert parallelism composes with MiCS only so far"):
+    with pytest.raises(ValueError, match=r"ep \(2\) with cp 2: expert parallelism composes with MiCS and pipeline "
+                                         r"parallelism only so far"):
         Parallelism.parse({"expert_parallel_degree": 2, "context_parallel_degree": 2}).dims(
             world_size=8, processes_per_host=4)
     assert Parallelism.parse({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
@@ -272,7 +273,8 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
 @pytest.mark.timeout(600)
 def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_degrees(tmp_path):
     """2 hosts x 2: EP 2 x MiCS p=2 (2 copies of each expert, one per ep group; the dense parts in 2 partition
-    groups of 2), EP 4; checkpoints saved on EP 2 resume on EP 1 and the reverse, on the uninterrupted curve."""
+    groups of 2), EP 4, PP 2 x EP 2, an HF Qwen3-MoE under EP 2 x MiCS; checkpoints saved on EP 2 resume on EP 1 and
+    the reverse, on the uninterrupted curve."""
     from .launch import run_on_two_hosts
 
     on2, on1 = str(tmp_path / "saved-on-ep2"), str(tmp_path / "saved-on-ep1")
@@ -284,6 +286,9 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
                   resume=on1),
              dict(name="ep4", distribution={"expert_parallel_degree": 4}, microbatches=1),
              dict(name="hf-qwen3-moe-ep2-mics-p2", hf="qwen3_moe", distribution={"expert_parallel_degree": 2, **mics},
+                  microbatches=2),
+             # a pipeline stage per host, each host's 2 ranks spreading that stage's experts
+             dict(name="pp2-ep2", distribution={"pipeline_parallel_degree": 2, "expert_parallel_degree": 2},
                   microbatches=2)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2)
     _assert_exact(results, [c["name"] for c in cases])

@@ -79,10 +79,10 @@ class ParallelDims:
             if self.dp % self.ep:
                 raise ValueError(f"ep ({self.ep}) must divide the data-parallel degree {self.dp}: the experts are spread "
                                  "over groups of ep data-parallel ranks")
-            others = [f"{n} {getattr(self, n)}" for n in ("tp", "cp", "pp") if getattr(self, n) > 1]
+            others = [f"{n} {getattr(self, n)}" for n in ("tp", "cp") if getattr(self, n) > 1]
             if others:
                 raise ValueError(f"ep ({self.ep}) with {' and '.join(others)}: expert parallelism composes with MiCS "
-                                 "only so far; set the other degree(s) to 1")
+                                 "and pipeline parallelism only so far; set the other degree(s) to 1")
         g = self.dp_shard * self.cp * self.tp
         if pph % g and g % pph:
             cp = f" x cp {self.cp}" if self.cp > 1 else ""

@@ -49,8 +49,7 @@ def check_cp(*, cp: int, seq_len: int, tp: int = 1) -> None:
 
 def check_experts(*, ep: int, tp: int, pp: int, n_experts: int, model: str = "the model") -> None:
     """ValueError naming the field unless a mixture of experts (`n_experts`, 0: dense) fits the layout: expert
-    parallelism needs experts and a degree dividing their number; tensor and pipeline parallelism do not take
-    one yet."""
+    parallelism needs experts and a degree dividing their number; tensor parallelism does not take one yet."""
     if ep > 1 and not n_experts:
         raise ValueError(f"expert_parallel_degree {ep}: {model} is dense (no experts to spread); choose a "
                          "mixture-of-experts model (e.g. the moe-tiny or mixtral-8x7b preset) or set "
@@ -62,9 +61,6 @@ def check_experts(*, ep: int, tp: int, pp: int, n_experts: int, model: str = "th
         raise ValueError(f"tensor_parallel_degree {tp} with {model}'s {n_experts} experts: a mixture of experts has no "
                          "tensor-parallel plan yet; set tensor_parallel_degree to 1 (spread the experts with "
                          "expert_parallel_degree)")
-    if n_experts and pp > 1:
-        raise ValueError(f"pipeline_parallel_degree {pp} with {model}'s {n_experts} experts: a mixture of experts does "
-                         "not take pipeline parallelism yet; set pipeline_parallel_degree to 1")
 
 
 def stage_layers(n_layers: int, stages: int, split: list[int] | None = None) -> list[list[int]]:

@@ -12,8 +12,8 @@ carries each source's loss back). `reduce_expert_grads` sums that over the ranks
 (`expert_replica_groups`, one per ep group) and divides by the data-parallel degree: the mean over the
 data-parallel ranks, as MiCS's reduction gives every other gradient. It runs after a step's last micro-batch.
 
-`balance_group`: the ranks whose tokens make one micro-batch (all of them, under the degrees expert parallelism
-composes with so far), over which the load-balancing loss counts its assignments.
+`balance_group`: the ranks whose tokens make one micro-batch (those of one pipeline stage: every data-parallel
+and context-parallel rank of it), over which the load-balancing loss counts its assignments.
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ _LAYOUTS: dict = {}
 
 def expert_layout(dims: ParallelDims, device_type: str) -> ExpertLayout:
     """This rank's expert-parallel groups (a collective the first time for a layout: every rank calls it)."""
-    key = (device_type, dims.world_size, dims.processes_per_host, dims.dp_replicate, dims.dp_shard, dims.ep)
+    key = (device_type, dims.world_size, dims.processes_per_host, dims.dp_replicate, dims.dp_shard, dims.pp, dims.ep)
     world = dist.group.WORLD
     held = _LAYOUTS.get(key)
     if held is not None and held[0] is world:

@@ -219,12 +219,24 @@ def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: tor
         return None
     if dims.ep > 1 and layout is None:
         layout = expert_layout(dims, device.type)
-    balance = dist.group.WORLD if dist.is_initialized() and dims.world_size > 1 else None
+    balance = None
+    if dist.is_initialized() and dims.world_size > 1:
+        balance = dist.group.WORLD if dims.pp == dims.tp == 1 else stage_data_group(dims)
     layers = spec.apply_moe(part, dims, balance, layout if dims.ep > 1 else None)
     if dims.ep > 1 and not layers:
         raise ValueError(f"expert_parallel_degree {dims.ep}: {spec.name} has no mixture-of-experts layers (a dense "
                          "model); set expert_parallel_degree to 1")
     return layout
+
+
+def stage_data_group(dims: ParallelDims):
+    """The data- and context-parallel ranks of this rank's pipeline stage and tensor-parallel index: the ranks whose
+    tokens make one micro-batch of the stage (a collective the first time: the mesh's flattened dimension)."""
+    name = "dp_cp_of_stage"
+    try:
+        return dims.mesh[name].get_group()
+    except KeyError:
+        return dims.mesh["dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp"]._flatten(name).get_group()
 
 
 def apply_compile(blocks: list[nn.Module]) -> None:
@@ -313,10 +325,14 @@ def forward_backward(par: Parallelized, inputs: torch.Tensor, targets: torch.Ten
             heartbeat.set_phase("pipeline")
             losses: list[torch.Tensor] = []
             args = (inputs,) if par.holds_first else ()
-            par.schedule(microbatches, par.scaled(loss_fn)).step(*args, target=targets if par.holds_last else None,
-                                                                 losses=losses if par.holds_last else None)
+            # the schedule divides the gradients by the micro-batches itself (scale_grads): a load-balancing loss
+            # weighs as a micro-batch's loss before that, the loss scale only
+            with aux_weight(scale):
+                par.schedule(microbatches, par.scaled(loss_fn)).step(
+                    *args, target=targets if par.holds_last else None, losses=losses if par.holds_last else None)
             for loss in losses:  # the scaled losses the schedule backpropagated
                 total += plain(loss).detach().float() / scale / microbatches
+            par.finish_experts()
             return total
         model = par.parts[0]
         for i, (x, y) in enumerate(zip(inputs.chunk(microbatches), targets.chunk(microbatches))):

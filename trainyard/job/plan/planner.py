@@ -5,11 +5,13 @@ Enumerated: tensor-parallel degrees dividing the GPUs of a host, context-paralle
 them, pipeline degrees dividing the layers and the world (each schedule: GPipe, 1F1B, interleaved 1F1B with 2
 virtual stages), every MiCS partition size dividing the data-parallel degree, for a mixture of experts every
 expert-parallel degree dividing both the data-parallel degree and the experts, every micro-batch size dividing
-the per-rank batch, and the three activation checkpointing modes, each with and without CPU offload (`mics.cpu_offload`; GPU instances only). Each is
-checked by the SDK's own checks (`job.distribution.typed`, `check_tp`, `check_pipeline`), so the planner
-never proposes a layout `Estimator` refuses. A layout fits when its GPU memory is under the usable part of the
-GPU's and, offloaded, its host memory under its share of the host's. Ranking: layouts that fit, fastest first
-(speeds within 1% count as equal and the one needing less memory wins); then those that do not, least over first.
+the per-rank batch, and the three activation checkpointing modes, each with and without CPU offload
+(`mics.cpu_offload`; GPU instances only). Each is checked by the SDK's own checks (`job.distribution.typed`,
+`check_tp`, `check_cp`, `check_experts`, `check_pipeline`), so the planner never proposes a layout `Estimator`
+refuses. A layout fits when its GPU memory is under the usable part of the GPU's and, offloaded, its host memory
+under its share of the host's. Ranking: layouts that fit, fastest first (speeds within 1% count as equal and the
+one without context parallelism, then the one needing less memory, wins); then those that do not, least over
+first.
 """
 from __future__ import annotations
 

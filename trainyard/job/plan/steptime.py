@@ -121,7 +121,7 @@ def _sharding_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardw
     ep = layout.ep
     if ep > 1 and layout.dp > ep:  # the spread experts' fp32 gradients, over the ranks holding the same ones
         holders = layout.dp // ep
-        spread = shape.n_layers * shape.block_expert_params / ep
+        spread = shape.n_layers // layout.pp * shape.block_expert_params / ep
         traffic.add(2 * 4 * spread * (holders - 1) / holders,
                     inter=_crosses_hosts(holders, ep * tp * layout.cp, gph, hosts), hw=hw)
     if layout.cp > 1:  # the ring, per layer and micro-batch, behind the attention blocks it feeds
@@ -145,7 +145,7 @@ def _waited_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardwar
     if layout.ep > 1:  # a mixture of experts' dispatch and combine, forward and backward (uniform routing)
         ep, recompute = layout.ep, RECOMPUTED[layout.activation_checkpointing]
         rows = mb_tokens * shape.top_k * (ep - 1) / ep
-        traffic.add(m * shape.n_layers * (4 + 2 * recompute) * rows * shape.dim * c,
+        traffic.add(m * (shape.n_layers // pp) * (4 + 2 * recompute) * rows * shape.dim * c,
                     inter=_crosses_hosts(ep, tp * layout.cp, hw.gpus_per_host, hosts), hw=hw)
     if tp > 1:
         calls = 8 + 4 * RECOMPUTED[layout.activation_checkpointing]

@@ -184,9 +184,6 @@ def apply_moe(model: nn.Module, dims, balance_group: dist.ProcessGroup | None, l
     """Set every MoE layer's balance group and, with an `ExpertLayout` (engine/distributed/experts.py), spread its
     experts over the ep group. Returns the number of MoE layers."""
     layers = moe_layers(model)
-    if layers and dims.pp > 1:
-        raise ValueError(f"pipeline_parallel_degree {dims.pp} with a mixture of experts: not supported yet (the "
-                         "load-balancing loss's weight under a pipeline schedule); set pipeline_parallel_degree to 1")
     for m in layers:
         m.balance_group = balance_group
         if layout is not None:
