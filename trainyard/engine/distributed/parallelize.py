@@ -209,8 +209,9 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
 
 def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: torch.device,
                layout: ExpertLayout | None) -> ExpertLayout | None:
-    """A mixture of experts' balance group (every rank: the degrees it composes with split one micro-batch over all
-    of them) and, under expert parallelism, its experts spread (distributed/experts.py). Returns the layout."""
+    """A mixture of experts' balance group (the ranks whose tokens make a micro-batch: every rank, or those of the
+    rank's pipeline stage) and, under expert parallelism, its experts spread (distributed/experts.py). Returns the
+    layout."""
     if spec.apply_moe is None:
         if dims.ep > 1:
             raise ValueError(f"expert_parallel_degree {dims.ep}: the engine knows no experts in {spec.name} (the "

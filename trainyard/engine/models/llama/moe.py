@@ -1,6 +1,7 @@
 """The built-in model's mixture of experts (`ModelConfig.n_experts > 0`): the MLP of every block becomes a router
 over `n_experts` SwiGLU experts, each token going through its `top_k` (and through `n_shared_experts` shared
-ones); expert parallelism (`apply_ep`) spreads the experts over ranks and moves the tokens with all-to-all.
+ones); expert parallelism (`apply_moe` with a layout) spreads the experts over ranks and moves the tokens with
+all-to-all (engine/distributed/experts.py).
 
 Routing, per token: softmax over the router's logits (in float32); the top_k experts by score (plus the
 per-expert bias of auxiliary-loss-free balancing, for the choice only); gate weights the softmax scores of the
@@ -14,8 +15,8 @@ experts' outputs, plus the shared experts'.
   assignments routed to expert e and P_e the mean router probability of e. f is counted over the micro-batch's
   global tokens (an all-reduce of the counts over the ranks that split the batch, `balance_group`), P over the
   rank's own: the ranks' mean is then exactly the loss of the global micro-batch, whatever the layout. It joins
-  the gradient through the block's output (`_AddAux`), weighted like the micro-batch's loss (`loss_weight`: the
-  engine sets 1 / micro-batches x the fp16 loss scale).
+  the gradient through the block's output (`_AddAux`), weighted like the micro-batch's loss (the engine sets
+  1 / micro-batches x the fp16 loss scale around each forward: distributed/experts.py's `aux_weight`).
 - Auxiliary-loss-free balancing (DeepSeek-V3): after each step `balance(model)` moves each expert's bias by
   bias_update_rate towards the mean load (up when the expert got fewer assignments than the mean).
 - Router statistics (`router_stats(model)`): the assignments per expert over the blocks, the dropped ones and the
@@ -35,9 +36,10 @@ from torch import nn
 
 from trainyard.engine.distributed.experts import ExpertGroup, aux_loss_weight, dispatch, shard_experts
 
+
 class _AddAux(torch.autograd.Function):
-    """Returns `out` unchanged; its backward also sends `aux_loss_weight()` as the gradient of the scalar `aux`, so the
-    auxiliary loss is minimised with the model's loss without the loss function knowing of it."""
+    """Returns `out` unchanged; its backward also sends `aux_loss_weight()` as the gradient of the scalar `aux`, so
+    the auxiliary loss is minimised with the model's loss without the loss function knowing of it."""
 
     @staticmethod
     def forward(ctx, out, aux):
@@ -109,7 +111,7 @@ class MoE(nn.Module):
         self.shared = SwiGLU(cfg.dim, cfg.moe_hidden * cfg.n_shared_experts) if cfg.n_shared_experts else None
         # auxiliary-loss-free balancing's bias: state (checkpointed), moved by balance() only
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
-        self.ep: ExpertGroup | None = None  # expert parallelism (apply_ep)
+        self.ep: ExpertGroup | None = None  # expert parallelism (apply_moe)
         self.balance_group: dist.ProcessGroup | None = None  # the ranks whose tokens make a micro-batch
         self.step_load = torch.zeros(self.n_experts, dtype=torch.float64, device="cpu")  # since the last balance()
         self._reset_stats()
