@@ -100,8 +100,12 @@ def run(case: dict) -> dict:
     for step in range(start + 1, STEPS + 1):
         batch = te.rows(model, source.global_batch(step))
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        if case.get("loop") == "plain":
-            inputs, targets = te.sequence_shard(model, inputs, targets)
+        if case.get("loop") == "hf-labels":  # the model's own loss: refused under context parallelism
+            x, y = te.sequence_shard(model, inputs, targets)
+            model(x, labels=x)
+        if case.get("loop") in ("plain", "unsharded"):
+            if case["loop"] == "plain":  # "unsharded": a loop that forgot to take its chunks (refused)
+                inputs, targets = te.sequence_shard(model, inputs, targets)
             total = 0.0
             for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
                 with te.accumulate(model, i, m):

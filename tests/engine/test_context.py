@@ -307,7 +307,19 @@ def test_cp2_alone_matches_the_single_process_oracle(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     cases = [dict(c, save=ckpt) if c["name"] == "hf-llama-cp2" else c for c in CP_ALONE]
     cases.append(dict(name="hf-llama-cp1-resumed-from-cp2", model="hf", distribution={}, microbatches=1, resume=ckpt))
-    _assert_exact(run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1), cases)
+    # refused rather than trained wrong: a loop that hands every rank the whole sequence, and an HF model's own
+    # labels= loss (it would shift the labels inside the rank's chunks)
+    refusals = [dict(name="forgot-sequence-shard", refused=True, loop="unsharded", microbatches=1,
+                     distribution={"context_parallel_degree": 2}),
+                dict(name="hf-labels", refused=True, loop="hf-labels", model="hf", microbatches=1,
+                     distribution={"context_parallel_degree": 2})]
+    results = run_on_two_hosts(_worker(), cases + refusals, tmp_path, processes_per_host=2, hosts=1)
+    forgot = results.pop("forgot-sequence-shard")
+    assert "this rank's input has 32 tokens per row, not its chunks of the sequence (te.sequence_shard cut " in \
+        forgot and "call x, y = te.sequence_shard(model, x, y) before the forward" in forgot, forgot
+    assert "the model's own labels= loss shifts the labels inside this rank's zig-zag chunks" in results.pop(
+        "hf-labels")
+    _assert_exact(results, cases)
 
 
 CP_MICS = [

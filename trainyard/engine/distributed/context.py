@@ -44,12 +44,16 @@ def zigzag_positions(seq_len: int, cp: int, rank: int, device=None) -> torch.Ten
     return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in zigzag_chunks(cp, rank)])
 
 
+_SHARDED_LENGTHS: set[int] = set()  # the lengths shard_sequence produced in this process (refuse_whole_sequences)
+
+
 def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
     """Rank `rank`'s zig-zag chunks of `t` along `dim` (the sequence); `t` itself when cp is 1."""
     if cp == 1:
         return t
     check_cp(cp=cp, seq_len=t.shape[dim])
     chunks = t.chunk(2 * cp, dim)
+    _SHARDED_LENGTHS.add(t.shape[dim] // cp)
     return torch.cat([chunks[i] for i in zigzag_chunks(cp, rank)], dim)
 
 
@@ -62,6 +66,25 @@ def unshard_sequence(parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
         a, b = zigzag_chunks(cp, rank)
         chunks[a], chunks[b] = first, second
     return torch.cat(chunks, dim)
+
+
+def refuse_whole_sequences(model: torch.nn.Module) -> None:
+    """Refuse a forward whose input is not what `shard_sequence` cut: a loop that forgot `te.sequence_shard` hands
+    each rank the whole sequence, which the model would take for the rank's two chunks and train wrong without a
+    sound. The check is by length: the input's tokens per row must be a length `shard_sequence` produced."""
+    def check(module, args, kwargs):
+        tokens = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if tokens is None:
+            tokens = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        if isinstance(tokens, torch.Tensor) and tokens.dim() > 1 and tokens.shape[1] not in _SHARDED_LENGTHS:
+            cut = f"te.sequence_shard cut {sorted(_SHARDED_LENGTHS)} tokens per row so far" if _SHARDED_LENGTHS \
+                else "te.sequence_shard was not called"
+            raise ValueError(f"context parallelism: this rank's input has {tokens.shape[1]} tokens per row, not its "
+                             f"chunks of the sequence ({cut}); call x, y = te.sequence_shard(model, x, y) before the "
+                             "forward (te.forward_backward and te.evaluate do it themselves)")
+        return None
+
+    model.register_forward_pre_hook(check, with_kwargs=True)
 
 
 # --- the transport -------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from trainyard.engine.components import heartbeat
 from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.distributed.ac import apply_ac
-from trainyard.engine.distributed.context import shard_sequence
+from trainyard.engine.distributed.context import refuse_whole_sequences, shard_sequence
 from trainyard.parallel.dims import ParallelDims
 from trainyard.parallel.layout import check_cp
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
@@ -191,6 +191,7 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
             retie(part, ties, after="tensor parallelism")
         if dims.cp > 1:
             spec.apply_cp(part, dims.mesh["cp"])
+            refuse_whole_sequences(part)
         experts = _apply_moe(part, spec, dims, device, experts)
         apply_ac(blocks, ac)
         if compile:

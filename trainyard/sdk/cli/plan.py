@@ -17,24 +17,25 @@ EXAMPLES = ("trainyard plan --model llama3-8b --seq-len 8192 --global-batch-size
             "p4d.24xlarge --instance-count 8 --train-tokens 1e11\n"
             "trainyard plan --model llama3-70b --seq-len 8192 --global-batch-size 256 --instance-type p5.48xlarge "
             "--instance-count 8 --json | jq '.layouts[0]'")
-LEGEND = ("dp: data-parallel ranks; p: MiCS partition group (ranks sharing one copy of the model state); tp, pp: "
-          "tensor- and pipeline-parallel degrees (and schedule); micro-batch: sequences x micro-batches per step and "
+LEGEND = ("dp: data-parallel ranks; p: MiCS partition group (ranks sharing one copy of the model state); tp, cp, ep, "
+          "pp: tensor-, context-, expert- and pipeline-parallel degrees (and schedule); micro-batch: sequences x micro-batches per step and "
           "rank; AC: activation checkpointing; offload: optimizer state in host memory. memory/GPU, tokens/s/GPU and "
           "MFU are predicted (formulas and calibration: docs/plan.md); $/M tokens at the On-Demand list price. "
           "--json lists every layout.")
 LOCAL_NOTE = ("local: no datasheet for this machine's CPU, so the speed columns (tokens/s/GPU, MFU) come from a "
               "nominal CPU peak: they rank the layouts against each other, they do not predict what a run here "
               "measures. The memory columns hold.")
-HEADERS = ["#", "fits", "dp", "p", "tp", "pp", "micro-batch", "AC", "offload", "memory/GPU", "tokens/s/GPU", "MFU",
-           "$/M tokens"]
+HEADERS = ["#", "fits", "dp", "p", "tp", "cp", "ep", "pp", "micro-batch", "AC", "offload", "memory/GPU",
+           "tokens/s/GPU", "MFU", "$/M tokens"]
 
 
 def add_parser(sub, command) -> None:
     """Register `trainyard plan` with the CLI's `_command` helper."""
     pl = command(sub, "plan", "memory, speed and cost of every layout of a model, best first",
                  EXAMPLES,
-                 "Enumerates every layout the engine accepts (data-parallel ranks, MiCS partition size p, tensor-\n"
-                 "and pipeline-parallel degrees and schedule, micro-batch, activation checkpointing, CPU offload)\n"
+                 "Enumerates every layout the engine accepts (data-parallel ranks, MiCS partition size p, tensor-,\n"
+                 "context-, expert- and pipeline-parallel degrees and schedule, micro-batch, activation\n"
+                 "checkpointing, CPU offload)\n"
                  "and predicts memory per GPU (and host memory, offloaded), tokens/s, MFU and $ per million\n"
                  "tokens (On-Demand list price). Layouts that fit come first, fastest first; those that do not\n"
                  "say by how much they are over. docs/plan.md has the formulas and the published runs the speed\n"
@@ -95,7 +96,7 @@ def _row(i: int, p: PlannedLayout, several: bool) -> list[str]:
     pipe = str(lay.pp) if lay.pp == 1 else f"{lay.pp} {lay.pipeline_schedule}"
     cost = f"{p.usd_per_million_tokens:.3f}" if p.usd_per_million_tokens is not None else "no price"
     row = [str(i), *([str(p.instance_count)] if several else []), _fits(p), str(lay.dp),
-           str(lay.partition_group_size), str(lay.tp), pipe,
+           str(lay.partition_group_size), str(lay.tp), str(lay.cp), str(lay.ep), pipe,
            f"{lay.micro_batch_size} x {lay.microbatches}", lay.activation_checkpointing,
            f"host {human_size(p.memory.host)}" if lay.cpu_offload else "-", human_size(p.memory.total),
            f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.1%}", cost]

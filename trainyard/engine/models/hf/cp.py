@@ -9,7 +9,8 @@
   builds no mask: the ring applies the causal mask by chunk;
 - positions: a forward pre-hook passes `position_ids`, the global positions of the rank's tokens, so that
   rotary (or learned) position embeddings are those of the whole sequence. It refuses a padding
-  `attention_mask` and caller-given `position_ids`, which the ring would ignore.
+  `attention_mask` and caller-given `position_ids`, which the ring would ignore, and `labels=` (the model's own
+  loss would shift the labels inside the rank's chunks).
 
 A model qualifies when everything but its attention is token-wise, its positions come from `position_ids`,
 and its attention is plain causal softmax attention. That is checked, not assumed (`verify_cp`, once per class
@@ -47,7 +48,7 @@ def refusal(model: nn.Module) -> str | None:
         return f"{name} has no configuration"
     if isinstance(getattr(cfg, "sliding_window", None), int) and getattr(cfg, "use_sliding_window", True):
         return (f"{name} attends within a sliding window (sliding_window={cfg.sliding_window}), which the ring "
-                "does not apply")
+                "does not apply (a config with sliding_window=None attends over whole sequences and is taken)")
     for key in ("attn_logit_softcapping", "attention_logit_softcapping"):
         if getattr(cfg, key, None):
             return f"{name} soft-caps its attention logits ({key}={getattr(cfg, key)}), which the ring does not"
@@ -117,6 +118,10 @@ def _positions_hook(cp: int, rank: int, module: nn.Module, args: tuple, kwargs: 
     if kwargs.get("position_ids") is not None:
         raise ValueError("context parallelism sets position_ids itself (the global positions of this rank's "
                          "zig-zag chunks); call the model with the tokens of te.sequence_shard only")
+    if kwargs.get("labels") is not None:
+        raise ValueError("context parallelism: the model's own labels= loss shifts the labels inside this rank's "
+                         "zig-zag chunks and would score the wrong token pairs; compute the loss from the logits "
+                         "against te.sequence_shard's targets (te.lm_loss(output, targets), or te.forward_backward)")
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("context parallelism: a padding attention_mask is not applied by the ring attention (it is "
