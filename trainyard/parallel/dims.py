@@ -77,8 +77,9 @@ class ParallelDims:
                              f"({pph}): the ranks that split one sequence stay inside a host")
         if self.ep > 1:
             if self.dp % self.ep:
+                fits = [d for d in range(1, self.dp + 1) if self.dp % d == 0]
                 raise ValueError(f"ep ({self.ep}) must divide the data-parallel degree {self.dp}: the experts are spread "
-                                 "over groups of ep data-parallel ranks")
+                                 f"over groups of ep data-parallel ranks; choose one of {fits}")
             others = [f"{n} {getattr(self, n)}" for n in ("tp", "cp") if getattr(self, n) > 1]
             if others:
                 raise ValueError(f"ep ({self.ep}) with {' and '.join(others)}: expert parallelism composes with MiCS "
