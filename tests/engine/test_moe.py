@@ -17,8 +17,10 @@ TINY = MODEL_CONFIGS["moe-tiny"]
 
 def _layer(**kw) -> moe.MoE:
     torch.manual_seed(0)
+    from trainyard.engine.models.llama.model import FeedForward
+
     cfg = dataclasses.replace(TINY, **kw)
-    layer = moe.MoE(cfg)
+    layer = moe.MoE(cfg, FeedForward(cfg.dim, cfg.moe_hidden * cfg.n_shared_experts) if cfg.n_shared_experts else None)
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.2)
     return layer

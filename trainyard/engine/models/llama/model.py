@@ -106,7 +106,11 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         # a mixture of experts in place of the MLP when the config has experts (moe.py)
-        self.feed_forward = MoE(cfg) if cfg.n_experts else FeedForward(cfg.dim, cfg.ffn_hidden)
+        if cfg.n_experts:
+            shared = FeedForward(cfg.dim, cfg.moe_hidden * cfg.n_shared_experts) if cfg.n_shared_experts else None
+            self.feed_forward = MoE(cfg, shared)
+        else:
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)

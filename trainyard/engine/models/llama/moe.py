@@ -59,19 +59,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-class SwiGLU(nn.Module):
-    """The shared experts, as one SwiGLU MLP of their summed width: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 USE_GROUPED_MM: bool | None = None  # None: on CUDA in bfloat16; True/False forces it (tests)
 
 
@@ -101,25 +88,28 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, shared: nn.Module | None = None) -> None:
+        """`shared`: the shared experts as one MLP of their summed width (model.py's SwiGLU FeedForward), or None."""
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.capacity_factor, self.aux_loss_coef = cfg.capacity_factor, cfg.aux_loss_coef
         self.norm_topk, self.bias_update_rate = cfg.norm_topk, cfg.bias_update_rate
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = Experts(cfg.n_experts, cfg.dim, cfg.moe_hidden)
-        self.shared = SwiGLU(cfg.dim, cfg.moe_hidden * cfg.n_shared_experts) if cfg.n_shared_experts else None
+        self.shared = shared
         # auxiliary-loss-free balancing's bias: state (checkpointed), moved by balance() only
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
         self.ep: ExpertGroup | None = None  # expert parallelism (apply_moe)
         self.balance_group: dist.ProcessGroup | None = None  # the ranks whose tokens make a micro-batch
-        self.step_load = torch.zeros(self.n_experts, dtype=torch.float64, device="cpu")  # since the last balance()
+        # the statistics stay on the device the forward runs on (read by router_stats and balance, not per layer)
+        self.step_load: torch.Tensor | None = None  # global assignments per expert since the last balance()
         self._reset_stats()
 
     def _reset_stats(self) -> None:
-        self.load = torch.zeros(self.n_experts, dtype=torch.float64, device="cpu")  # global assignments per expert
-        self.dropped = 0
-        self.aux_sum, self.aux_count = 0.0, 0
+        self.load: torch.Tensor | None = None  # global assignments per expert since the last router_stats()
+        self.dropped: torch.Tensor | int = 0  # this rank's dropped assignments
+        self.aux_sum: torch.Tensor | float = 0.0
+        self.aux_count = 0
 
     def _route(self, t: torch.Tensor):
         probs = self.router(t).float().softmax(-1)
@@ -131,11 +121,12 @@ class MoE(nn.Module):
             gates = gates / gates.sum(-1, keepdim=True)
         return probs, idx, gates
 
-    def _global_counts(self, counts: torch.Tensor, tokens: int) -> tuple[torch.Tensor, int]:
+    def _global_counts(self, counts: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The assignments per expert and the tokens over the balance group (one all-reduce, no host sync)."""
         both = torch.cat([counts.double(), counts.new_tensor([tokens], dtype=torch.float64)])
         if self.balance_group is not None and dist.get_world_size(self.balance_group) > 1:
             dist.all_reduce(both, group=self.balance_group)
-        return both[:-1], int(both[-1].item())
+        return both[:-1], both[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -144,13 +135,13 @@ class MoE(nn.Module):
         flat = idx.flatten()  # assignment a = token a // top_k, its (a % top_k)-th choice
         counts = torch.bincount(flat, minlength=self.n_experts)
         order = torch.argsort(flat, stable=True)  # the assignments by expert, in token order within each
-        dropped = 0
+        dropped: torch.Tensor | int = 0
         if self.capacity_factor is not None:
             capacity = math.ceil(self.capacity_factor * t.shape[0] * self.top_k / self.n_experts)
             starts = torch.cumsum(counts, 0) - counts
             position = torch.arange(order.numel(), device=t.device) - starts[flat[order]]
             kept = position < capacity
-            dropped = int((~kept).sum().item())
+            dropped = (~kept).sum()
             order, routed = order[kept], counts.clamp(max=capacity)
         else:
             routed = counts
@@ -166,11 +157,11 @@ class MoE(nn.Module):
             aux = self.aux_loss_coef * self.n_experts * (f * probs.mean(0)).sum()
             out = _AddAux.apply(out, aux)
         if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:  # not a recompute in backward
-            self.load += global_counts.cpu()
-            self.step_load += global_counts.cpu()
-            self.dropped += dropped
+            self.load = global_counts if self.load is None else self.load + global_counts
+            self.step_load = global_counts if self.step_load is None else self.step_load + global_counts
+            self.dropped = self.dropped + dropped
             if aux is not None:
-                self.aux_sum += float(aux.detach())
+                self.aux_sum = self.aux_sum + aux.detach()
                 self.aux_count += 1
         return out.reshape(shape)
 
@@ -205,14 +196,15 @@ def router_stats(model: nn.Module) -> dict | None:
     layers = moe_layers(model)
     if not layers:
         return None
-    load = sum(m.load for m in layers)
+    load = sum((m.load.cpu() for m in layers if m.load is not None),
+               torch.zeros(layers[0].n_experts, dtype=torch.float64))
     total = float(load.sum())
     stats = {"expert_load": [round(float(v) / total, 4) for v in load] if total else [0.0] * len(load),
              "expert_imbalance": round(float(load.max()) / (total / len(load)), 4) if total else 0.0,
-             "dropped_assignments": sum(m.dropped for m in layers)}
+             "dropped_assignments": int(sum(int(m.dropped) for m in layers))}
     counted = sum(m.aux_count for m in layers)
     if counted:
-        stats["aux_loss"] = sum(m.aux_sum for m in layers) / counted
+        stats["aux_loss"] = sum(float(m.aux_sum) for m in layers) / counted
     for m in layers:
         m._reset_stats()
     return stats
@@ -223,7 +215,9 @@ def balance(model: nn.Module) -> None:
     """Auxiliary-loss-free balancing after a step: each expert's bias moves by bias_update_rate towards the mean
     load of its block (up when it had fewer assignments than the mean), from the step's global counts."""
     for m in moe_layers(model):
-        if m.bias_update_rate and float(m.step_load.sum()):
+        if m.step_load is None:
+            continue
+        if m.bias_update_rate:  # no step moves a bias when no assignment was counted (every load equals the mean)
             step = torch.sign(m.step_load.mean() - m.step_load).to(m.expert_bias.dtype).to(m.expert_bias.device)
             m.expert_bias += m.bias_update_rate * step
         m.step_load.zero_()
