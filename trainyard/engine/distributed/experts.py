@@ -67,6 +67,11 @@ class ExpertGroup:
     rank: int
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of a parameter expert parallelism spread (a DTensor's local shard); `t` itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def dispatch(tokens: torch.Tensor, counts: torch.Tensor, ep: ExpertGroup, compute) -> torch.Tensor:
     """The experts' outputs for `tokens` (rows grouped by global expert, `counts[e]` rows for expert e), computed on
     the ranks holding the experts: the counts go round first (all-to-all), then the rows to their experts' ranks,

@@ -2,7 +2,7 @@
 Qwen2-MoE's, Qwen3-MoE's: `gate_up_proj` (experts, 2 x hidden, dim), `down_proj` (experts, dim, hidden), an
 `act_fn`, called as `experts(hidden_states, top_k_index, top_k_weights)` by the model's own sparse MoE block).
 
-`apply_moe(model, balance_group, layout)` with an `ExpertLayout` spreads each such module's experts over the ep
+`apply_moe(model, dims, balance_group, layout)` with an `ExpertLayout` spreads each such module's experts over the ep
 group (DTensor `Shard(0)`, as the built-in model's: distributed/experts.py) and gives the module a forward that
 sends every assignment to its expert's rank and back (`dispatch`), then weighs and sums the results as the
 module's own forward does. The router, the shared experts and everything else stay the model's own code.
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.engine.distributed.experts import ExpertGroup, dispatch, shard_experts
+from trainyard.engine.distributed.experts import ExpertGroup, dispatch, local_part, shard_experts
 from trainyard.engine.models.hf.selfcheck import once_per_rank0, small_config
 
 TOLERANCE = 1e-5
@@ -41,13 +41,9 @@ def experts_modules(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _compute(module: nn.Module, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Each (local) expert's SwiGLU-style MLP on its rows: gate and up from gate_up_proj, act_fn(gate) x up, down."""
-    gate_up, down = (_local(getattr(module, n)).to(x.dtype) for n in WEIGHTS)
+    gate_up, down = (local_part(getattr(module, n)).to(x.dtype) for n in WEIGHTS)
     outs = []
     for e, part in enumerate(x.split(counts)):
         gate, up = F.linear(part, gate_up[e]).chunk(2, dim=-1)

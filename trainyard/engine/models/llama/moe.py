@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.engine.distributed.experts import ExpertGroup, aux_loss_weight, dispatch, shard_experts
+from trainyard.engine.distributed.experts import ExpertGroup, aux_loss_weight, dispatch, local_part, shard_experts
 
 
 class _AddAux(torch.autograd.Function):
@@ -53,12 +53,6 @@ class _AddAux(torch.autograd.Function):
         return grad, torch.full(shape, ctx.weight, dtype=dtype, device=device)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 USE_GROUPED_MM: bool | None = None  # None: on CUDA in bfloat16; True/False forces it (tests)
 
 
@@ -74,7 +68,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: tokens grouped by (local) expert, `counts[e]` of them for expert e."""
-        w1, w2, w3 = (_local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))  # MiCS leaves them unsharded
+        w1, w2, w3 = (local_part(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))  # MiCS leaves them unsharded
         grouped = USE_GROUPED_MM if USE_GROUPED_MM is not None else (x.is_cuda and x.dtype == torch.bfloat16)
         if grouped:
             offs = torch.tensor(counts, device=x.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
