@@ -2,7 +2,8 @@
 
 For every case in argv[1] (JSON list: name, distribution, microbatches; optional "capacity_factor",
 "save"/"resume": a checkpoint location, "dense": the dense "tiny" preset instead, "hf": a small Hugging Face
-mixture of experts of that model type instead, without a load-balancing loss) it trains the built-in model's
+mixture of experts of that model type instead, with its own load-balancing loss (`output_router_logits`) added
+to the loss as its `labels=` loss adds it) it trains the built-in model's
 "moe-tiny" preset (4 experts, top 2, a shared expert, the load-balancing loss) through the public API
 (`te.transform`, `te.forward_backward`) for STEPS steps, and an unsharded single-process oracle on the same global
 micro-batches: micro-batch i of the step is row i of every data-parallel rank's rows (what the load-balancing loss
@@ -34,7 +35,16 @@ STEPS, SEED, LR, CLIP, SEQ, SAVE_AT = 3, 5, 1e-3, 0.05, 32, 2
 HF = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, head_dim=16),
       "mixtral": dict(num_local_experts=4, num_experts_per_tok=2)}
 HF_COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+                 num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+                 output_router_logits=True, router_aux_loss_coef=0.05)
+
+
+def loss_of(case: dict):
+    """The case's loss: the built-in model's load-balancing loss joins the gradient by itself; an HF model's is its
+    output's `aux_loss`, added as its own `labels=` loss adds it."""
+    if not case.get("hf"):
+        return token_loss
+    return lambda out, targets: token_loss(out, targets) + HF_COMMON["router_aux_loss_coef"] * out.aux_loss
 
 
 def build(case: dict):
@@ -74,7 +84,7 @@ def oracle(case: dict, dp: int, m: int) -> dict:
         for i in range(m):
             rows = batch[[r * m + i for r in range(dp)]]  # micro-batch i of every data-parallel rank
             with aux_weight(1 / m):
-                loss = token_loss(model(rows[:, :-1]), rows[:, 1:]) / m
+                loss = loss_of(case)(model(rows[:, :-1]), rows[:, 1:]) / m
             loss.backward()
             total += loss.item()
         losses.append(total)
@@ -98,7 +108,7 @@ def run(case: dict) -> dict:
     assert start == (SAVE_AT if case.get("resume") else 0), start
     for step in range(start + 1, STEPS + 1):
         batch = te.rows(model, source.global_batch(step))
-        losses.append(te.forward_backward(model, batch[:, :-1], batch[:, 1:], token_loss, microbatches=m))
+        losses.append(te.forward_backward(model, batch[:, :-1], batch[:, 1:], loss_of(case), microbatches=m))
         norms.append(te.clip_grad_norm_(model, CLIP))
         opt.step()
         opt.zero_grad()

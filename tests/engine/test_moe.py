@@ -207,6 +207,86 @@ def test_hf_mixtures_of_experts_qualify_by_a_small_run_or_are_refused_by_name(mo
         hf_moe.apply_moe(_hf_moe("mixtral", num_local_experts=4, num_experts_per_tok=2), None, None, layout)
 
 
+class _TwoRanks:
+    """torch.distributed as `switch_loss` sees it on one of two ranks: the all-reduce records what this rank sends
+    and adds what the other rank sent (`other`)."""
+
+    def __init__(self, other: torch.Tensor | None = None):
+        self.other, self.sent = other, None
+
+    def get_world_size(self, group=None):
+        return 2
+
+    def all_reduce(self, t, group=None):
+        self.sent = t.clone()
+        if self.other is not None:
+            t += self.other
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe"])
+def test_an_hf_load_balancing_loss_counted_over_two_ranks_is_the_whole_batch_s(model_type, monkeypatch):
+    """Each family's own load_balancing_loss_func is switch_loss on one process; with the rows split over two
+    ranks, the mean of the ranks' losses and of their gradients is the family's own on all the rows (each
+    rank's own loss alone is not: the loss is not linear in the tokens)."""
+    import importlib
+
+    from trainyard.engine.models.hf import moe as hf_moe
+
+    family = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    own = family.load_balancing_loss_func
+    assert hf_moe._aux_difference(own) is None
+    torch.manual_seed(1)
+    logits = [torch.randn(16, 6, requires_grad=True) for _ in range(3)]  # 3 layers, 16 rows
+    want = own(tuple(logits), 6, 2)
+    want.backward()
+    expected = [g.grad.clone() for g in logits]
+    halves = [tuple(g[r * 8:(r + 1) * 8] for g in logits) for r in range(2)]
+    for g in logits:
+        g.grad = None
+    sent = []  # each rank's own counts and rows: what its all-reduce sends
+    for r in range(2):
+        fake = _TwoRanks()
+        monkeypatch.setattr(hf_moe, "dist", fake)
+        hf_moe.switch_loss(halves[r], 6, 2, group="g")
+        sent.append(fake.sent)
+    losses = []
+    for r in range(2):
+        monkeypatch.setattr(hf_moe, "dist", _TwoRanks(other=sent[1 - r]))
+        losses.append(hf_moe.switch_loss(halves[r], 6, 2, group="g"))
+    mean = (losses[0] + losses[1]) / 2
+    mean.backward()
+    assert torch.allclose(mean, want, rtol=1e-6), (mean, want)
+    assert all(torch.allclose(g.grad, e, rtol=1e-5, atol=1e-8) for g, e in zip(logits, expected))
+    alone = (own(halves[0], 6, 2) + own(halves[1], 6, 2)) / 2
+    assert not torch.allclose(alone, want, rtol=1e-3), "the check cannot tell the rank-local loss from the global"
+
+
+def test_an_hf_load_balancing_loss_that_cannot_be_counted_over_the_ranks_is_refused_by_name(monkeypatch):
+    """Under pipeline parallelism (its stages never run the forward that computes it), and for a family whose
+    loss is not Switch Transformer's, `output_router_logits` is refused by name; on one process the family's own
+    function stays."""
+    from types import SimpleNamespace
+
+    from transformers.models.mixtral import modeling_mixtral
+
+    from trainyard.engine.models.hf import moe as hf_moe, selfcheck
+
+    monkeypatch.setattr(selfcheck, "_verdicts", {})
+    model = _hf_moe("mixtral", num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)
+    with pytest.raises(ValueError, match=r"output_router_logits with pipeline_parallel_degree 2: MixtralForCausalLM's "
+                                         r"load-balancing loss is computed by its own forward, which no pipeline stage "
+                                         r"runs; set output_router_logits=False"):
+        hf_moe.apply_moe(model, SimpleNamespace(pp=2), "group", None)
+    own = modeling_mixtral.load_balancing_loss_func
+    hf_moe.apply_moe(model, SimpleNamespace(pp=1), None, None)  # one process: nothing changes
+    assert modeling_mixtral.load_balancing_loss_func is own
+    monkeypatch.setattr(modeling_mixtral, "load_balancing_loss_func", lambda g, n, k, m=None: own(g, n, k, m) * 2)
+    with pytest.raises(ValueError, match=r"output_router_logits: the engine cannot count MixtralForCausalLM's "
+                                         r"load-balancing loss over the ranks' tokens \(its load_balancing_loss_func "
+                                         r"differs from Switch Transformer's loss by 5.00e-01"):
+        hf_moe.apply_moe(model, SimpleNamespace(pp=1), "group", None)
+
+
 def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
     dims = Parallelism.parse({"expert_parallel_degree": 2, "mics": {"partition_group_size": 2}}).dims(
         world_size=8, processes_per_host=2)
@@ -275,7 +355,8 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
 @pytest.mark.timeout(600)
 def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_degrees(tmp_path):
     """2 hosts x 2: EP 2 x MiCS p=2 (2 copies of each expert, one per ep group; the dense parts in 2 partition
-    groups of 2), EP 4, PP 2 x EP 2, an HF Qwen3-MoE under EP 2 x MiCS; checkpoints saved on EP 2 resume on EP 1 and
+    groups of 2), EP 4, PP 2 x EP 2, an HF Qwen3-MoE under EP 2 x MiCS with its own load-balancing loss (counted
+    over the 4 ranks' tokens); an HF model's load-balancing loss under pipeline parallelism is refused; checkpoints saved on EP 2 resume on EP 1 and
     the reverse, on the uninterrupted curve."""
     from .launch import run_on_two_hosts
 
@@ -291,6 +372,12 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
                   microbatches=2),
              # a pipeline stage per host, each host's 2 ranks spreading that stage's experts
              dict(name="pp2-ep2", distribution={"pipeline_parallel_degree": 2, "expert_parallel_degree": 2},
+                  microbatches=2),
+             # an HF model's own load-balancing loss is computed by a forward no pipeline stage runs
+             dict(name="hf-mixtral-pp2", hf="mixtral", refused=True, distribution={"pipeline_parallel_degree": 2},
                   microbatches=2)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2)
+    assert results.pop("hf-mixtral-pp2").startswith("output_router_logits with pipeline_parallel_degree 2: "
+                                                    "MixtralForCausalLM's load-balancing loss")
+    cases.pop()
     _assert_exact(results, [c["name"] for c in cases])

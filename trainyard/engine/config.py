@@ -11,11 +11,10 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from trainyard.engine.components.checkpoint import check_location_form
-from trainyard.engine.components.data import TOKEN_DTYPES
+from trainyard.engine.components.formats import TOKEN_DTYPES, check_location_form
 from trainyard.parallel.layout import check_cp, check_experts, check_pipeline, check_tp
 from trainyard.parallel.parallelism import Parallelism
-from trainyard.engine.models.llama.model import MODEL_CONFIGS
+from trainyard.parallel.presets import MODEL_CONFIGS
 from trainyard.errors import did_you_mean
 
 KERNEL_MODES = ("off", "eager", "eager-chunked", "triton", "auto")  # what models/fused.py's MODES take

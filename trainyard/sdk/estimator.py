@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainyard.container.contract import user_args
+from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
 from trainyard.job import catalog, lease, storage
 from trainyard.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
@@ -442,8 +443,6 @@ def _plan_inputs(entry: str, kind: str, hyperparameters: dict | None, opts: dict
                                               '{"auto": {"model": PRESET|CONFIG.json|DIR, "seq_len": N, '
                                               '"global_batch_size": N}} (or to plan())')
         return {"precision": "bf16" if gpus else "fp32", "micro_batch_size": None, **opts}
-    from trainyard.engine.config import parse_hyperparameters
-
     try:
         cfg = parse_hyperparameters(user_args(hyperparameters or {}))
     except ValueError as e:
@@ -481,9 +480,6 @@ def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, opts
 
 def _check_builtin_hyperparameters(spec: JobSpec) -> None:
     """The built-in trainer's hyperparameters are known: check them now, not minutes later in the job."""
-    # the trainer's config module imports torch (the model presets): only for the built-in trainer
-    from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
-
     par = spec.parallelism
     try:
         cfg = parse_hyperparameters(user_args(spec.hyperparameters))

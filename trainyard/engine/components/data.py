@@ -22,10 +22,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from trainyard.engine.components.formats import TOKEN_DTYPES
 from trainyard.engine.components.text import TEXT_SUFFIXES, TextSource, default_cache_dir, text_files
 from trainyard.engine.components.windows import TokenWindows, check_shape, max_token, step_generator
 
-TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 # Synthetic strides are drawn from 1..MAX_STRIDE: small enough that a tiny model learns the rule
 # quickly, large enough that a bigram table alone cannot predict the next token.
 MAX_STRIDE = 16
@@ -76,7 +76,7 @@ class TokenFileSource(TokenWindows):
         check_shape(global_batch_size, seq_len)
         if token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {sorted(TOKEN_DTYPES)}, got {token_dtype!r}")
-        dtype = TOKEN_DTYPES[token_dtype]
+        dtype = np.dtype(TOKEN_DTYPES[token_dtype])
         if not os.path.isdir(path):
             raise ValueError(f"token directory {path} does not exist or is not a directory")
         names = sorted(n for n in os.listdir(path) if n.endswith(".bin"))

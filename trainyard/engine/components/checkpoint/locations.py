@@ -7,6 +7,8 @@ import os
 import re
 from typing import Any
 
+from trainyard.engine.components.formats import check_location_form  # noqa: F401 (the package's name)
+
 STEP_PREFIX = "step-"
 # Zero-padded to 8 digits so names sort in step order (100M steps is beyond any run).
 STEP_DIGITS = 8
@@ -26,22 +28,6 @@ def _check_uri_type(uri: Any) -> None:
     if not isinstance(uri, str) or not uri:
         raise ValueError(f"checkpoint uri must be a non-empty str, got {uri!r}")
     check_location_form(uri)
-
-
-def check_location_form(uri: str, *, relative: bool = True) -> None:
-    """ValueError unless `uri` is `s3://bucket/...`, `file:///...` or a path (no I/O): `s3:/b` (one slash),
-    `http://` and other schemes are mistakes. `relative=False`: a relative path is one too (in a job it would land
-    in the job's code folder)."""
-    if uri.startswith(("s3://", "file:///")):
-        return
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
-    if scheme:
-        hint = " (two slashes after s3:)" if scheme[1].lower() in ("s3", "file") else ""
-        raise ValueError(f"checkpoint uri {uri!r}: not a checkpoint location; use s3://bucket/prefix{hint}, "
-                         "file:///absolute/path or an absolute path")
-    if not relative and not uri.startswith("/"):
-        raise ValueError(f"checkpoint uri {uri!r} is a relative path, which in a job lands in its code folder; use "
-                         "s3://bucket/prefix, file:///absolute/path or an absolute path")
 
 
 # seconds to open a connection, and to wait for the next bytes of a response, before botocore retries

@@ -10,15 +10,25 @@ module's own forward does. The router, the shared experts and everything else st
 Whether a class qualifies is checked, not assumed (once per class and configuration, on the first rank): a small
 model of it (`small_config`) runs once with its own experts forward and once with this one computing every expert
 locally, and the logits must agree to 1e-5; a class whose experts differ (transposed or interleaved weights,
-biases, no gate) or whose module is not found is refused by name. The router's load-balancing loss of these
-families (`output_router_logits`, `router_aux_loss_coef`) is the model's own and counts its rank's tokens only:
-a run that adds it to the loss differs from one process's by that term.
+biases, no gate) or whose module is not found is refused by name.
+
+The router's load-balancing loss (`output_router_logits=True`: the model's `aux_loss`, which its own `labels=` loss
+adds times `router_aux_loss_coef`) is Switch Transformer's over every layer's rows, E x sum_e f_e P_e. A rank
+sees only its own tokens, and the loss is not linear in them: the mean of the ranks' own losses is not the loss
+of their tokens together. So while a transformed model runs its forward, its family's `load_balancing_loss_func`
+counts the assignments f and the rows over the balance group (the ranks whose tokens make the micro-batch) and
+keeps P its rank's, over the group's mean rows (`switch_loss`): the ranks' mean, and the mean of their gradients
+(what data parallelism averages), are then exactly one process's on the whole micro-batch. The family's own
+function must equal `switch_loss` on one process (checked once per class), or `output_router_logits` is
+refused by name; so is it under pipeline parallelism, whose stages do not run the forward that computes it.
 """
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -95,11 +105,103 @@ def _difference(model: nn.Module) -> str | None:
     return None
 
 
+# -- the load-balancing loss over the micro-batch's global tokens -------------------------------------------------
+
+AUX_TOLERANCE = 1e-6
+_ACTIVE: list = [None]  # the balance group while a transformed model runs its forward (None: the family's own)
+
+
+def switch_loss(gate_logits, num_experts: int, top_k: int, attention_mask: torch.Tensor | None = None,
+                group: dist.ProcessGroup | None = None):
+    """Switch Transformer's load-balancing loss over every layer's rows, as transformers' mixtures of experts
+    compute it (`load_balancing_loss_func`: softmax, the top_k choice, padding rows weighted 0 by
+    `attention_mask`), with the assignments per expert C and the rows N counted over `group`:
+    E x sum_e (C_e / N) x (S_e / (N / R)), S_e this rank's sum of the router's probabilities of e and R the
+    group's size. Without a group (or one of 1) it is the family's own loss."""
+    if gate_logits is None or not isinstance(gate_logits, tuple):
+        return 0
+    device = gate_logits[0].device
+    counts = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    probs = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    rows = torch.zeros((), dtype=torch.float32, device=device)
+    mask = None if attention_mask is None else attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
+    for layer in gate_logits:
+        weights = F.softmax(layer.to(device), dim=-1)
+        chosen = torch.topk(weights, top_k, dim=-1).indices
+        m = torch.ones(weights.shape[0], dtype=torch.float32, device=device) if mask is None else mask
+        counts = counts + torch.zeros_like(counts).scatter_add_(0, chosen.reshape(-1), m.repeat_interleave(top_k))
+        probs = probs + (weights.float() * m.unsqueeze(-1)).sum(dim=0)
+        rows = rows + m.sum()
+    share = 1
+    if group is not None and dist.get_world_size(group) > 1:
+        both = torch.cat([counts.detach(), rows.detach().reshape(1)])
+        dist.all_reduce(both, group=group)
+        counts, rows, share = both[:-1], both[-1], dist.get_world_size(group)
+    return (counts / rows * probs / (rows / share)).sum() * num_experts
+
+
+def _counted_over_the_group(original):
+    """The family's `load_balancing_loss_func`, counted over the balance group while a transformed model runs."""
+    def load_balancing_loss_func(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+        if _ACTIVE[0] is None:
+            return original(gate_logits, num_experts, top_k, attention_mask)
+        return switch_loss(gate_logits, num_experts, top_k, attention_mask, _ACTIVE[0])
+
+    load_balancing_loss_func.trainyard_original = original
+    return load_balancing_loss_func
+
+
+def _aux_difference(original) -> str | None:
+    """Why the family's load-balancing loss is not `switch_loss` (on random router logits, with and without a
+    padding mask); None when they agree."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        logits = tuple(torch.randn(12, 4) for _ in range(2))
+        mask = (torch.rand(3, 4) > 0.3).long()
+    try:
+        for m in (None, mask):
+            want, got = original(logits, 4, 2, m), switch_loss(logits, 4, 2, m)
+            err = abs(float(got) - float(want)) / max(abs(float(want)), 1e-30)
+            if not err <= AUX_TOLERANCE:
+                return f"its load_balancing_loss_func differs from Switch Transformer's loss by {err:.2e} (relative)"
+    except Exception as e:  # any failure of a function we did not write means: not verified
+        return f"its load_balancing_loss_func failed on router logits: {type(e).__name__}: {e}"
+    return None
+
+
+def _global_aux(model: nn.Module, dims, group) -> None:
+    """With `output_router_logits`, the model's load-balancing loss counted over `group` (see the module's
+    docstring); ValueError naming the class and the field where that cannot be exact."""
+    name = type(model).__name__
+    if dims is not None and dims.pp > 1:
+        raise ValueError(f"output_router_logits with pipeline_parallel_degree {dims.pp}: {name}'s load-balancing loss "
+                         "is computed by its own forward, which no pipeline stage runs; set output_router_logits=False "
+                         "in the model's config or pipeline_parallel_degree to 1")
+    if group is None:
+        return  # one process: the family's own loss is the whole micro-batch's
+    module = sys.modules.get(type(model).__module__)
+    found = getattr(module, "load_balancing_loss_func", None)
+    original = getattr(found, "trainyard_original", found)
+    why = f"{type(model).__module__} has no load_balancing_loss_func" if original is None else \
+        once_per_rank0(("aux", original), lambda: _aux_difference(original))
+    if why is not None:
+        raise ValueError(f"output_router_logits: the engine cannot count {name}'s load-balancing loss over the ranks' "
+                         f"tokens ({why}), and each rank's own would differ from one process's; set "
+                         "output_router_logits=False in the model's config, or train on one process")
+    if found is original:
+        module.load_balancing_loss_func = _counted_over_the_group(original)
+    model.register_forward_pre_hook(lambda _m, _a: _ACTIVE.__setitem__(0, group))
+    model.register_forward_hook(lambda _m, _a, _o: _ACTIVE.__setitem__(0, None), always_call=True)
+
+
 def apply_moe(model: nn.Module, dims, balance_group, layout) -> int:
     """Spread the experts of `model` over `layout`'s ep group (nothing without a layout: the model's own forward
-    runs). Returns the number of experts modules; ValueError naming the class when it does not qualify."""
+    runs), and count its load-balancing loss over `balance_group` when it has one (`_global_aux`). Returns the
+    number of experts modules; ValueError naming the class when it does not qualify."""
     modules = experts_modules(model)
     cfg = model.config
+    if getattr(cfg, "output_router_logits", False):
+        _global_aux(model, dims, balance_group)
     if layout is not None and not modules and any(getattr(cfg, k, None) for k in EXPERT_COUNTS):
         raise ValueError(f"expert_parallel_degree {layout.ep}: the engine cannot spread the experts of "
                          f"{type(model).__name__}: they are not packed as gate_up_proj / down_proj SwiGLUs with the "
