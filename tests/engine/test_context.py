@@ -253,12 +253,13 @@ def test_an_hf_model_whose_positions_ignore_position_ids_is_caught_by_the_zigzag
         cp.apply_cp(model, None)
 
 
-def test_cp_with_a_pipeline_is_refused_naming_both():
-    from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model
-
-    with pytest.raises(ValueError, match=r"context_parallel_degree 2 with pipeline_parallel_degree 2: .* set one of "
-                                         r"them to 1"):
-        _parallelize(build_model(MODEL_CONFIGS["tiny"]), cp=2, pp=2, world_size=4, processes_per_host=4)
+def test_cp_with_a_pipeline_of_an_hf_model_is_refused_naming_both():
+    """An HF model's positions under context parallelism come from a hook on its own forward, which no pipeline
+    stage runs (the built-in model's stages take their chunks' positions by themselves: the 2-host oracle)."""
+    with pytest.raises(ValueError, match=r"context_parallel_degree 2 with pipeline_parallel_degree 2: "
+                                         r"hf:LlamaForCausalLM's pipeline stages cannot run on a rank's chunks of the "
+                                         r"sequence .* set one of them to 1"):
+        _parallelize(_hf("llama", tie_word_embeddings=False), cp=2, pp=2, world_size=4, processes_per_host=4)
 
 
 def test_the_trainer_refuses_a_sequence_that_does_not_split_into_zigzag_chunks():
@@ -333,6 +334,9 @@ CP_MICS = [
                                                       "mics": {"partition_group_size": 1}}, microbatches=2),
     dict(name="hf-llama-cp2-mics-p2", model="hf", distribution={"context_parallel_degree": 2,
                                                                "mics": {"partition_group_size": 2}}, microbatches=1),
+    # a pipeline stage per host, its 2 ranks splitting each sequence (the schedule's micro-batches hold chunks)
+    dict(name="cp2-pp2", distribution={"context_parallel_degree": 2, "pipeline_parallel_degree": 2},
+         microbatches=2),
 ]
 
 

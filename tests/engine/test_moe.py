@@ -295,9 +295,14 @@ def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
     with pytest.raises(ValueError,
                        match=r"ep \(3\) must divide the data-parallel degree 4.*ep is expert_parallel_degree"):
         Parallelism.parse({"expert_parallel_degree": 3}).dims(world_size=4, processes_per_host=2)
-    with pytest.raises(ValueError, match=r"ep \(2\) with cp 2: expert parallelism composes with MiCS and pipeline "
-                                         r"parallelism only so far"):
-        Parallelism.parse({"expert_parallel_degree": 2, "context_parallel_degree": 2}).dims(
+    # under context parallelism an ep group is at one cp index; the ranks holding the same experts span them all
+    cp = Parallelism.parse({"expert_parallel_degree": 2, "context_parallel_degree": 2}).dims(
+        world_size=8, processes_per_host=4)
+    assert sorted(cp.ep_groups()) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert cp.expert_replica_groups() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    with pytest.raises(ValueError, match=r"ep \(2\) with tp 2: expert parallelism composes with MiCS, context and "
+                                         r"pipeline parallelism only so far; set tensor_parallel_degree to 1"):
+        Parallelism.parse({"expert_parallel_degree": 2, "tensor_parallel_degree": 2}).dims(
             world_size=8, processes_per_host=4)
     assert Parallelism.parse({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
         "expert_parallel_degree": 2}}}}).ep == 2
@@ -355,7 +360,7 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
 @pytest.mark.timeout(600)
 def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_degrees(tmp_path):
     """2 hosts x 2: EP 2 x MiCS p=2 (2 copies of each expert, one per ep group; the dense parts in 2 partition
-    groups of 2), EP 4, PP 2 x EP 2, an HF Qwen3-MoE under EP 2 x MiCS with its own load-balancing loss (counted
+    groups of 2), EP 4, PP 2 x EP 2, EP 2 x CP 2, an HF Qwen3-MoE under EP 2 x MiCS with its own load-balancing loss (counted
     over the 4 ranks' tokens); an HF model's load-balancing loss under pipeline parallelism is refused; checkpoints saved on EP 2 resume on EP 1 and
     the reverse, on the uninterrupted curve."""
     from .launch import run_on_two_hosts
@@ -372,6 +377,9 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
                   microbatches=2),
              # a pipeline stage per host, each host's 2 ranks spreading that stage's experts
              dict(name="pp2-ep2", distribution={"pipeline_parallel_degree": 2, "expert_parallel_degree": 2},
+                  microbatches=2),
+             # each host's 2 ranks split the sequences (cp innermost); an ep group spans the hosts at one cp index
+             dict(name="ep2-cp2", distribution={"expert_parallel_degree": 2, "context_parallel_degree": 2},
                   microbatches=2),
              # an HF model's own load-balancing loss is computed by a forward no pipeline stage runs
              dict(name="hf-mixtral-pp2", hf="mixtral", refused=True, distribution={"pipeline_parallel_degree": 2},

@@ -80,10 +80,9 @@ class ParallelDims:
                 fits = [d for d in range(1, self.dp + 1) if self.dp % d == 0]
                 raise ValueError(f"ep ({self.ep}) must divide the data-parallel degree {self.dp}: the experts are spread "
                                  f"over groups of ep data-parallel ranks; choose one of {fits}")
-            others = [f"{n} {getattr(self, n)}" for n in ("tp", "cp") if getattr(self, n) > 1]
-            if others:
-                raise ValueError(f"ep ({self.ep}) with {' and '.join(others)}: expert parallelism composes with MiCS "
-                                 "and pipeline parallelism only so far; set the other degree(s) to 1")
+            if self.tp > 1:
+                raise ValueError(f"ep ({self.ep}) with tp {self.tp}: expert parallelism composes with MiCS, context and "
+                                 "pipeline parallelism only so far; set tensor_parallel_degree to 1")
         g = self.dp_shard * self.cp * self.tp
         if pph % g and g % pph:
             cp = f" x cp {self.cp}" if self.cp > 1 else ""
@@ -147,16 +146,17 @@ class ParallelDims:
         return self._by_dp(lambda dp: dp // self.ep)
 
     def expert_replica_groups(self) -> list[list[int]]:
-        """The ranks that hold the same experts (one per ep group, the same index in it): their expert gradients
-        are summed, as the data-parallel reduction does for the rest of the model."""
-        return self._by_dp(lambda dp: dp % self.ep)
+        """The ranks that hold the same experts (the same index in their ep groups, at every cp index): their
+        expert gradients are summed, as the data- and context-parallel reduction does for the rest of the model."""
+        return self._by_dp(lambda dp: dp % self.ep, by_cp=False)
 
-    def _by_dp(self, key) -> list[list[int]]:
+    def _by_dp(self, key, by_cp: bool = True) -> list[list[int]]:
         groups: dict = {}
         for r in range(self.world_size):
             c = self.coords(r)
-            groups.setdefault((c["pp"], c["cp"], c["tp"], key(c["dp"])), []).append((c["dp"], r))
-        return [[r for _, r in sorted(members)] for _, members in sorted(groups.items())]
+            groups.setdefault((c["pp"], c["cp"] if by_cp else 0, c["tp"], key(c["dp"])), []).append(
+                (c["dp"], c["cp"], r))
+        return [[r for *_, r in sorted(members)] for _, members in sorted(groups.items())]
 
     def replicate_groups(self) -> list[list[int]]:
         g = self.rank_grid().movedim(1, -1).reshape(-1, self.dp_replicate)

@@ -1,6 +1,7 @@
 """Expert parallelism: a mixture of experts' experts spread over groups of data-parallel ranks.
 
-`ParallelDims.ep_groups()` are ep consecutive data-parallel ranks; rank i of a group holds the i-th
+`ParallelDims.ep_groups()` are ep consecutive data-parallel ranks (at the same context-parallel index: under context
+parallelism each rank routes the tokens of its chunks); rank i of a group holds the i-th
 n_experts / ep of every MoE layer's experts, as a DTensor sharded on the expert dimension over the group's
 1-D mesh (`Shard(0)`), so that checkpoints reshard between expert-parallel degrees like any sharded parameter.
 The model's MoE layers send each token to the rank of its experts and back with all-to-all
@@ -9,8 +10,9 @@ parameters alone (`ignored_params`).
 
 Gradients: a rank's expert gradient is the sum of what every rank of its ep group sent it (all-to-all's backward
 carries each source's loss back). `reduce_expert_grads` sums that over the ranks holding the same experts
-(`expert_replica_groups`, one per ep group) and divides by the data-parallel degree: the mean over the
-data-parallel ranks, as MiCS's reduction gives every other gradient. It runs after a step's last micro-batch.
+(`expert_replica_groups`: one rank per ep group, at every context-parallel index) and divides by the data-parallel
+x context-parallel degree: the mean over the ranks whose losses the step averages, as MiCS's reduction gives every
+other gradient. It runs after a step's last micro-batch.
 
 `balance_group`: the ranks whose tokens make one micro-batch (those of one pipeline stage: every data-parallel
 and context-parallel rank of it), over which the load-balancing loss counts its assignments.
@@ -54,8 +56,8 @@ class ExpertLayout:
     ep_rank: int
     ep_group: dist.ProcessGroup
     ep_mesh: object  # a 1-D DeviceMesh over ep_group
-    replica_group: dist.ProcessGroup | None  # None: a single ep group
-    dp: int
+    replica_group: dist.ProcessGroup | None  # None: one rank holds each expert
+    averaged: int  # the ranks whose losses a step averages (data-parallel x context-parallel)
 
 
 @dataclass
@@ -101,7 +103,8 @@ _LAYOUTS: dict = {}
 
 def expert_layout(dims: ParallelDims, device_type: str) -> ExpertLayout:
     """This rank's expert-parallel groups (a collective the first time for a layout: every rank calls it)."""
-    key = (device_type, dims.world_size, dims.processes_per_host, dims.dp_replicate, dims.dp_shard, dims.pp, dims.ep)
+    key = (device_type, dims.world_size, dims.processes_per_host, dims.dp_replicate, dims.dp_shard, dims.cp, dims.pp,
+           dims.ep)
     world = dist.group.WORLD
     held = _LAYOUTS.get(key)
     if held is not None and held[0] is world:
@@ -116,7 +119,7 @@ def expert_layout(dims: ParallelDims, device_type: str) -> ExpertLayout:
     mine = next(g for g in groups if rank in g)
     layout = ExpertLayout(ep=dims.ep, ep_rank=mine.index(rank), ep_group=ep_group,
                           ep_mesh=DeviceMesh.from_group(ep_group, device_type, mesh_dim_names=("ep",)),
-                          replica_group=replica_group, dp=dims.dp)
+                          replica_group=replica_group, averaged=dims.dp * dims.cp)
     _LAYOUTS[key] = (world, layout)
     return layout
 
@@ -149,14 +152,14 @@ def expert_params(model: nn.Module) -> list[nn.Parameter]:
 @torch.no_grad()
 def reduce_expert_grads(params: list[nn.Parameter], layout: ExpertLayout) -> None:
     """After a step's last micro-batch: each expert gradient summed over the ranks holding the same experts and
-    divided by the data-parallel degree (see the module's docstring)."""
+    divided by the data-parallel x context-parallel degree (see the module's docstring)."""
     grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     if layout.replica_group is not None:
         dist.all_reduce(flat, group=layout.replica_group)
-    flat /= layout.dp
+    flat /= layout.averaged
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))

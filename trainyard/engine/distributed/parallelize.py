@@ -159,9 +159,10 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     """This rank's part of `model`, parallelised over `dims` (whose mesh is built). `compile`: each block's
     forward (after activation checkpointing, inside MiCS's hooks) goes through torch.compile."""
     mics = mics or MiCSConfig()
-    if dims.cp > 1 and dims.pp > 1:
-        raise ValueError(f"context_parallel_degree {dims.cp} with pipeline_parallel_degree {dims.pp}: context "
-                         "parallelism does not compose with pipeline parallelism yet; set one of them to 1")
+    if dims.cp > 1 and dims.pp > 1 and spec.stages is not None and not spec.stages.context_parallel:
+        raise ValueError(f"context_parallel_degree {dims.cp} with pipeline_parallel_degree {dims.pp}: {spec.name}'s "
+                         "pipeline stages cannot run on a rank's chunks of the sequence (its positions are set by its "
+                         "own forward, which no stage runs; the built-in model's stages can); set one of them to 1")
     if dims.cp > 1 and spec.apply_cp is None:
         raise ValueError(f"context_parallel_degree {dims.cp}: the engine cannot split the attention of {spec.name} over "
                          "the sequence (context parallelism works for the built-in Transformer so far); set "

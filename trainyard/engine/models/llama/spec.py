@@ -30,5 +30,6 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
         return None
     return ModelSpec(name="llama", blocks=lambda m: list(m.layers.values()), apply_tp=apply_tp, check_tp=_check_tp,
                      apply_cp=apply_cp, apply_moe=apply_moe,
-                     stages=StageSplit(blocks="layers", first=("tok_embeddings",), last=("norm", "output")),
+                     stages=StageSplit(blocks="layers", first=("tok_embeddings",), last=("norm", "output"),
+                                       context_parallel=True),
                      init_sharded=init_weights, loss_context=loss_context)
