@@ -117,7 +117,7 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
     "llama3-70b": ModelConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
                               max_seq_len=8192, rope_theta=500000.0),
     # Mixtures of experts. "moe-tiny" for tests and smoke runs: 4 routed experts (top 2) and a shared one per
-    # block, ~1M parameters. "mixtral-8x7b": the published shapes of Mistral's Mixtral 8x7B (its config.json:
+    # block, ~0.72M parameters. "mixtral-8x7b": the published shapes of Mistral's Mixtral 8x7B (its config.json:
     # 32,000-token vocabulary, 8 experts of SwiGLU 14,336, top 2, RoPE base 1e6, router aux coefficient 0.001):
     # 46.7B parameters, 12.9B of them active per token; for planning and layout checks.
     "moe-tiny": ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=352,

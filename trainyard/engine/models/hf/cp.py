@@ -121,7 +121,9 @@ def _positions_hook(cp: int, rank: int, module: nn.Module, args: tuple, kwargs: 
     if kwargs.get("labels") is not None:
         raise ValueError("context parallelism: the model's own labels= loss shifts the labels inside this rank's "
                          "zig-zag chunks and would score the wrong token pairs; compute the loss from the logits "
-                         "against te.sequence_shard's targets (te.lm_loss(output, targets), or te.forward_backward)")
+                         "against te.sequence_shard's targets (te.lm_loss(output, targets), or te.forward_backward), "
+                         "plus router_aux_loss_coef x output.aux_loss for a mixture of experts with "
+                         "output_router_logits, as labels= would add it")
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("context parallelism: a padding attention_mask is not applied by the ring attention (it is "
