@@ -33,12 +33,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from trainyard.parallel.dims import ParallelDims
 from trainyard.parallel.layout import PIPELINE_SCHEDULES, check_pipeline
 from trainyard.errors import did_you_mean
+
+# ParallelDims' short names of the degrees, as its errors use them, and the distribution keys they are
+_DIM_NAMES = {"tp": "tensor_parallel_degree", "pp": "pipeline_parallel_degree", "cp": "context_parallel_degree",
+              "ep": "expert_parallel_degree", "dp_shard": "mics.partition_group_size",
+              "dp_replicate": "the MiCS replicas: the data-parallel degree / mics.partition_group_size"}
 
 MICS_KEYS = ("partition_group_size", "hierarchical_allgather", "reshard_after_forward", "two_hop_sync",
              "replica_sync", "replica_bucket_mb", "replica_compression", "hierarchical_chunks", "cpu_offload")
@@ -230,10 +236,8 @@ class Parallelism:
             return ParallelDims(dp_replicate=dp // p, dp_shard=p, cp=cp, tp=tp, pp=pp, ep=self.ep,
                                 world_size=world_size, processes_per_host=processes_per_host)
         except ValueError as e:
-            named = ", cp is context_parallel_degree" if cp > 1 else ""
-            named += ", ep is expert_parallel_degree" if self.ep > 1 else ""
-            raise ValueError(f"distribution: {e}; tp is tensor_parallel_degree{named}, dp_shard is "
-                             "mics.partition_group_size") from None
+            used = [f"{short} is {name}" for short, name in _DIM_NAMES.items() if re.search(rf"\b{short}\b", str(e))]
+            raise ValueError(f"distribution: {e}" + (f" ({', '.join(used)})" if used else "")) from None
 
     def data_parallel_degree(self, world_size: int) -> int:
         """The ranks that see different data: the world over the tensor-, pipeline- and context-parallel degrees."""
