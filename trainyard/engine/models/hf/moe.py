@@ -124,14 +124,16 @@ def switch_loss(gate_logits, num_experts: int, top_k: int, attention_mask: torch
     counts = torch.zeros(num_experts, dtype=torch.float32, device=device)
     probs = torch.zeros(num_experts, dtype=torch.float32, device=device)
     rows = torch.zeros((), dtype=torch.float32, device=device)
-    mask = None if attention_mask is None else attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
+    # every layer's rows are the same tokens: one weight per row (0 for padding), and its top_k assignments'
+    mask = torch.ones(gate_logits[0].shape[0], dtype=torch.float32, device=device) if attention_mask is None else \
+        attention_mask.reshape(-1).to(device=device, dtype=torch.float32)
+    per_assignment = mask.repeat_interleave(top_k)
     for layer in gate_logits:
         weights = F.softmax(layer.to(device), dim=-1)
         chosen = torch.topk(weights, top_k, dim=-1).indices
-        m = torch.ones(weights.shape[0], dtype=torch.float32, device=device) if mask is None else mask
-        counts = counts + torch.zeros_like(counts).scatter_add_(0, chosen.reshape(-1), m.repeat_interleave(top_k))
-        probs = probs + (weights.float() * m.unsqueeze(-1)).sum(dim=0)
-        rows = rows + m.sum()
+        counts = counts + torch.zeros_like(counts).scatter_add_(0, chosen.reshape(-1), per_assignment)
+        probs = probs + (weights.float() * mask.unsqueeze(-1)).sum(dim=0)
+        rows = rows + mask.sum()
     share = 1
     if group is not None and dist.get_world_size(group) > 1:
         both = torch.cat([counts.detach(), rows.detach().reshape(1)])
