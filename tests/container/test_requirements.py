@@ -182,3 +182,20 @@ def test_another_version_of_an_installed_package_goes_to_the_overlay_and_the_env
     show = "import tinypkg; print(tinypkg.VERSION)"
     assert _run(show, dict(os.environ), python).stdout.strip() == "0.1"
     assert _run(show, dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath)), python).stdout.strip() == "0.2"
+
+
+def test_an_overlay_that_shadows_a_package_with_a_version_others_refuse_is_refused_naming_them(tmp_path):
+    """pip installs an old copy of a package that installed packages need newer (the HF notebook's pinned
+    transformers brought an old huggingface_hub under datasets), warns, and exits 0; the job would fail at an
+    import. Here pytest (installed) requires `packaging` newer than the requirements file's 0.0.1."""
+    code = tmp_path / "code"
+    make_wheel(str(code / "wheels"), name="packaging", version="0.0.1")
+    (code / "requirements.txt").write_text("./wheels/packaging-0.0.1-py3-none-any.whl\n")
+    cache = tmp_path / "cache"
+    with pytest.raises(RequirementsError) as e:
+        prepare(str(code), str(cache), say=lambda _: None)
+    text = str(e.value)
+    assert text.startswith("requirements.txt: what it installs (packaging==0.0.1) breaks")
+    assert "has requirement packaging" in text and "but you have packaging 0.0.1" in text, text
+    assert "pytest" in text
+    assert not any(p.is_dir() for p in cache.iterdir())  # nothing cached: the next attempt installs again

@@ -60,8 +60,8 @@ import atexit, time, torch.distributed as dist
 dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1)
 atexit.register(lambda: print('the script s own exit handler ran', flush=True))
 class SlowTeardown:  # stands for the interpreter's teardown of a loaded process: freed at finalization
-    def __del__(self):
-        time.sleep(6)
+    def __del__(self, sleep=time.sleep):  # bound now: the module's globals may be gone by then (with dill
+        sleep(6)                          # installed, torch.distributed imports it and the order changes)
 keep = SlowTeardown()
 raise ValueError('boom')
 """

@@ -31,6 +31,7 @@ def _source(tmp_path, requirement):
 def _est(tmp_path, requirement):
     return Estimator(entry_point="train.py", source_dir=_source(tmp_path, requirement), instance_type="local",
                      instance_count=2, processes_per_host=1, max_run=240,
+                     distribution={"torch_distributed": {"enabled": True}},  # the script reads torchrun's RANK
                      environment={"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null",
                                   "TRAINYARD_REQUIREMENTS_CACHE": str(tmp_path / "cache")})
 

@@ -111,6 +111,18 @@ def test_api_errors_name_the_fix(engine):
         te.transform(ResidualMLP(), distribution={"pipeline_parallel_degree": 2})
 
 
+def test_a_process_of_a_multi_host_job_started_without_a_launcher_is_refused():
+    """No distribution: each host runs the script once, as plain python (SageMaker's way). An engine script
+    there would train one model per host, each alone: refused naming the fix. One host, or torchrun's RANK: fine."""
+    from trainyard.engine.distributed.process import check_launched
+
+    with pytest.raises(ValueError, match=r"distribution: this job has 2 hosts.*torch_distributed"):
+        check_launched({"SM_HOSTS": '["algo-1", "algo-2"]'})
+    check_launched({"SM_HOSTS": '["algo-1"]'})
+    check_launched({"SM_HOSTS": '["algo-1", "algo-2"]', "RANK": "1"})
+    check_launched({})
+
+
 def test_checkpoints_without_a_location_are_skipped_with_one_note(engine, capsys, monkeypatch, tmp_path):
     """A script that saves and loads runs as well without checkpoint_s3_uri: load gives 0, save saves nothing."""
     monkeypatch.setenv("SM_INPUT_CONFIG_DIR", str(tmp_path))  # a contract without checkpointconfig.json

@@ -77,7 +77,8 @@ def test_sagemaker_accepts_the_types_its_examples_use(instance_type, tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     est = Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type=instance_type, instance_count=2,
                     backend="sagemaker", role="arn:aws:iam::123456789012:role/r", output_path="s3://bkt/out",
-                    image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/trainyard:1")
+                    image_uri="123456789012.dkr.ecr.us-east-1.amazonaws.com/trainyard:1",
+                    distribution={"torch_distributed": {"enabled": True}})
     spec = est._job_spec(None, "job-1")
     request = create_training_job_request(spec, spec_uri="s3://bkt/job-1/spec.json", region="us-east-1")
     validate(request)

@@ -77,6 +77,9 @@ def test_pytorch_mnist_notebook_on_two_hosts(tmp_path, monkeypatch, capsys, capl
     assert report["sum_of_host_ranks"] == 1.0
     assert report["params_in_sync"] is True
     assert report["master_addr"] == "algo-1" and report["master_port"].isdigit()
+    # started as SageMaker starts it without a distribution: plain python, no launcher's variables
+    assert report["launched_with"] == {"RANK": None, "LOCAL_RANK": None, "WORLD_SIZE": None}, report
+    assert "launching python mnist.py --backend gloo --epochs 1 once, host 1 of 2" in out
     # framework_version / py_version differ from this machine's: a message says so, the job still ran
     text = all_text(said)
     local_torch = ".".join(torch.__version__.split("+")[0].split(".")[:2])

@@ -96,3 +96,40 @@ def test_processes_per_host_follows_sagemakers_rule():
     assert arguments.processes_per_host(p4d, None, 2) == 2
     with pytest.raises(ConfigError, match="processes_per_host: 2 contradicts"):
         arguments.processes_per_host(p4d, {"mpi": {"enabled": True, "processes_per_host": 4}}, 2)
+    # a script without a distribution runs once per host (SageMaker's toolkit), unless the argument says more
+    assert arguments.processes_per_host(p4d, None, None, plain=True) == 1
+    assert arguments.processes_per_host(p4d, None, 4, plain=True) == 4
+
+
+@pytest.mark.parametrize("entry,distribution,plain", [
+    ("train.py", None, True),
+    ("train.py", {}, True),
+    ("my.module", {"torch_distributed": {"enabled": False}}, True),
+    ("train.py", {"smdistributed": {"dataparallel": {"enabled": False}}}, True),
+    ("train.py", {"pytorchddp": {}}, True),
+    ("train.py", {"torch_distributed": {"enabled": True}}, False),
+    ("train.py", {"pytorchddp": {"enabled": True}}, False),
+    ("train.py", {"mpi": {"enabled": True, "processes_per_host": 2}}, False),
+    ("train.py", {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {}}}}, False),
+    ("train.py", {"smdistributed": {"dataparallel": {"enabled": True}}}, False),
+    ("train.py", {"instance_groups": [{"name": "a"}]}, False),
+    ("train.py", {"tensor_parallel_degree": 2}, False),
+    ("train.py", {"mics": {"partition_group_size": 2}}, False),
+    ("train.py", {"tensor_parallel_degree": None}, True),
+    ("trainyard.engine.train", None, False),  # the built-in trainer: torchrun always
+], ids=lambda v: repr(v) if not isinstance(v, bool) else ("plain" if v else "launcher"))
+def test_which_jobs_run_as_plain_python(entry, distribution, plain):
+    assert arguments.launches_plain(entry, distribution) is plain
+
+
+def test_the_spec_launches_plain_python_for_one_process_per_host_only():
+    from trainyard.job.spec import build_spec
+
+    base = dict(entry_point="train.py", entry_kind="script", instance_type="local", instance_count=2, role="r",
+                output_path="s3://bkt/out")
+    assert build_spec(**base, processes_per_host=1).launcher == "python"
+    assert build_spec(**base, processes_per_host=2).launcher == "torchrun"  # more than one: torchrun starts them
+    assert build_spec(**base, processes_per_host=1, distribution={"torch_distributed": {"enabled": True}}
+                      ).launcher == "torchrun"
+    assert build_spec(**{**base, "entry_point": "trainyard.engine.train", "entry_kind": "module"},
+                      processes_per_host=1).launcher == "torchrun"

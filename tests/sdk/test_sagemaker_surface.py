@@ -56,7 +56,8 @@ def test_versions_are_checked_against_what_runs_the_job(src, capsys):
     assert "framework_version '1.11.0'" in err and have in err and "py_version 'py38'" in err and "3.11" in err
     ec2 = PyTorch(entry_point="train.py", source_dir=src, instance_type="ml.p4d.24xlarge",
                   output_path="s3://bucket/o", framework_version="2.13", py_version="py312")
-    assert "the Trainyard image" not in capsys.readouterr().err and ec2.processes_per_host == 8
+    # no distribution: the script runs once per host, as plain python (SageMaker's toolkit)
+    assert "the Trainyard image" not in capsys.readouterr().err and ec2.processes_per_host == 1
     with pytest.raises(ConfigError, match="tensorflow_version"):
         HuggingFace(entry_point="train.py", source_dir=src, instance_type="local", tensorflow_version="2.6")
 

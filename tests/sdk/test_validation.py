@@ -36,9 +36,13 @@ def test_unknown_instance_type_suggests_close_names(src):
 
 
 def test_known_instance_types_and_ml_prefix(src):
-    est = _est(src, instance_type="ml.p5.48xlarge", output_path="s3://bucket/out")
+    ddp = {"torch_distributed": {"enabled": True}}
+    est = _est(src, instance_type="ml.p5.48xlarge", output_path="s3://bucket/out", distribution=ddp)
     assert est.instance_type == "ml.p5.48xlarge" and est.processes_per_host == 8
-    assert _est(src, instance_type="trn1.32xlarge", output_path="s3://bucket/out").processes_per_host == 32
+    assert _est(src, instance_type="trn1.32xlarge", output_path="s3://bucket/out",
+                distribution=ddp).processes_per_host == 32
+    # without a distribution a script runs once per host, as plain python (SageMaker's toolkit)
+    assert _est(src, instance_type="ml.p5.48xlarge", output_path="s3://bucket/out").processes_per_host == 1
     _refused("output_path", _est, src, instance_type="p4d.24xlarge")
     # SageMaker's rule: one process on a CPU host unless the distribution or processes_per_host says
     assert _est(src).processes_per_host == 1

@@ -12,6 +12,8 @@
    (trainyard/container/probe.py) with torchrun first: same hosts and processes, its own rendezvous port;
 5. runs the command built by `build_torchrun_command` (torchrun's own launcher, in this process, so that a
    failure comes back as structured data: rank, exit code or signal), every rank's output prefixed `[algo-2/3]`;
+   a job without a distribution runs its entry point as one plain `python` process instead, as SageMaker does
+   (trainyard/container/plainrun.py, `JobSpec.launcher`);
 6. on failure writes `<root>/output/failure` (never over one the user wrote) naming host, rank, exit code or
    signal and the rank's last lines;
 7. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
@@ -31,6 +33,7 @@ Exit status: 0 success, 1 failure, 128+N when stopped by signal N.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -41,6 +44,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainyard.container import efa, lifeline, requirements
@@ -52,13 +56,14 @@ from trainyard.container.ckpt_sync import CheckpointSync
 from trainyard.container.codefetch import fetch_code
 from trainyard.container.contract import JOB_FILE, PLATFORM_ENV, render_contract, under_root, user_args
 from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
-from trainyard.container.failure import RankFailure, headline, root_cause, tail
+from trainyard.container.failure import RankFailure, from_rank_logs, headline, root_cause
 from trainyard.container.hang import HANG_WATCH_ENV, HostHangWatch, heartbeat_dir
 from trainyard.engine.components.contract import FIRST_STEP_ENV
 from trainyard.engine.components.process_exit import exit_now
 from trainyard.engine.components.heartbeat import ENV as HEARTBEAT_ENV
 from trainyard.container.firststep import FirstStepWatch, rank_logs
 from trainyard.container.metricship import METRICS_FILE
+from trainyard.container.plainrun import build_plain_command, run_plain
 from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_ENV, PhaseLog
 from trainyard.job.jsonio import now_iso
 from trainyard.job.logstamp import stamped
@@ -103,11 +108,15 @@ def build_torchrun_command(
 
 def launch_line(spec: JobSpec, index: int, master_addr: str, master_port: int) -> str:
     """What the host starts, in one short line: the entry point and its arguments as the user gave them, the
-    processes, and where torchrun meets (its other flags are the same for every job: build_torchrun_command)."""
+    processes, and where torchrun meets (its other flags are the same for every job: build_torchrun_command),
+    or that it runs once as plain python (`plainrun`)."""
     entry = " ".join([spec.entry_point if spec.entry_kind == "script" else f"-m {spec.entry_point}",
                       *user_args(spec.hyperparameters)])
-    return (f"launching {entry} on {spec.processes_per_host} process(es), host {index + 1} of "
-            f"{spec.instance_count} (torchrun, rendezvous at {master_addr}:{master_port})")
+    where = f"host {index + 1} of {spec.instance_count}"
+    if spec.launcher == "python":
+        return f"launching python {entry} once, {where} (no distribution: no launcher, as on SageMaker)"
+    return (f"launching {entry} on {spec.processes_per_host} process(es), {where} (torchrun, rendezvous at "
+            f"{master_addr}:{master_port})")
 
 
 def _say(host: str, msg: str) -> None:
@@ -176,10 +185,11 @@ def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int
         return 1, root_cause(failures)
 
 
-def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: PhaseLog, metrics_file: str,
-                 regexes: list[str], hang_timeout_s: float | None = None) -> tuple[int, RankFailure | None, str]:
-    """`run_torchrun`, timed as the `first_step` phase: from here to the first step the watch sees; no
-    step seen, no phase. Where the driver watches its own ranks for hangs (`TRAINYARD_HANG_WATCH=driver`:
+def run_training(launch: Callable[[], tuple[int, RankFailure | None]], host: str, log_dir: str, *, phases: PhaseLog,
+                 metrics_file: str, regexes: list[str],
+                 hang_timeout_s: float | None = None) -> tuple[int, RankFailure | None, str]:
+    """`launch()` (`run_torchrun`, or `plainrun.run_plain`: their ranks' files under `log_dir`), timed as the
+    `first_step` phase: from here to the first step the watch sees; no step seen, no phase. Where the driver watches its own ranks for hangs (`TRAINYARD_HANG_WATCH=driver`:
     EC2 nodes), the third value is the hang's diagnosis once the watch fired ("" otherwise)."""
     phases.start(FIRST_STEP)
     marker = os.path.join(log_dir, "first-step")  # the engine creates it after its first step (on every rank)
@@ -200,7 +210,7 @@ def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: P
     if os.environ.get(HANG_WATCH_ENV) == "driver" and hang_timeout_s:
         hangs = HostHangWatch(beats, hang_timeout_s, say=lambda m: _say(host, m)).start()
     try:
-        code, failure = run_torchrun(cmd, cwd, host, log_dir)
+        code, failure = launch()
         return code, failure, hangs.reason if hangs is not None else ""
     finally:
         watch.stop()
@@ -211,30 +221,10 @@ def run_training(cmd: list[str], cwd: str, host: str, log_dir: str, *, phases: P
 
 
 def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
-    text, when = "", float(f.timestamp)
     # torchrun's layout: <log_dir>/<run id>/attempt_<n>/<local rank>/stderr.log
     logs = sorted(glob.glob(f"{log_dir}/*/attempt_*/{f.local_rank}/stderr.log"), key=os.path.getmtime)
-    stderr = logs[-1] if logs else ""
-    if stderr:
-        # the time of its last words is a finer clock than torchrun's whole seconds, unless the rank said
-        # nothing near its end (a silent rank's last words are from its start)
-        words = os.path.getmtime(stderr)
-        if words >= when - 1.0:
-            when = words
-        with open(stderr, errors="replace") as fh:
-            text = tail(fh.read())
-        stdout = os.path.join(os.path.dirname(stderr), "stdout.log")
-        if not text and f.exitcode > 0 and os.path.exists(stdout):  # an exit without a traceback: what it printed
-            with open(stdout, errors="replace") as fh:
-                printed = tail(fh.read())
-            text = f"(nothing on stderr; its last lines on stdout:)\n{printed}" if printed.strip() else ""
-    if not text and f.message and "To enable traceback" not in str(f.message):
-        text = tail(str(f.message))
-    if not text and f.exitcode > 0:  # a rank that exited printing nothing at all: say so, not a bare head
-        text = "(it printed nothing on stdout or stderr)"
-    signal = f.signal_name() if f.exitcode < 0 else ""
-    return RankFailure(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode, signal=signal,
-                       time=when, last_lines=text)
+    return from_rank_logs(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode,
+                          when=float(f.timestamp), stderr=logs[-1] if logs else None, message=str(f.message or ""))
 
 
 def start_syncs(spec: JobSpec, root: str, env: dict, say, syncs: list[FolderSync]) -> None:
@@ -444,15 +434,21 @@ def probe(run: HostRun, log_dir: str) -> None:
 
 
 def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
-    """torchrun with the job's entry point: (exit code, the failed rank, FailureReason)."""
+    """The job's entry point under torchrun, or as one plain process (`JobSpec.launcher`): (exit code, the
+    failed rank, FailureReason)."""
     spec = run.spec
-    cmd = build_torchrun_command(
-        nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
-        master_addr=run.master_addr, master_port=run.job["master_port"], entry_point=spec.entry_point,
-        entry_kind=spec.entry_kind, args=user_args(spec.hyperparameters), log_dir=log_dir,
-    )
-    run.say(launch_line(spec, run.index, run.master_addr, run.job["master_port"]))
-    code, failure, hang = run_training(cmd, run.code_dir, run.host, log_dir, phases=run.phases,
+    port, args = run.job["master_port"], user_args(spec.hyperparameters)
+    if spec.launcher == "python":
+        launch = functools.partial(run_plain, build_plain_command(spec.entry_point, spec.entry_kind, args),
+                                   run.code_dir, host=run.host, rank=run.index, log_dir=log_dir,
+                                   master_addr=run.master_addr, master_port=port)
+    else:
+        launch = functools.partial(run_torchrun, build_torchrun_command(
+            nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
+            master_addr=run.master_addr, master_port=port, entry_point=spec.entry_point,
+            entry_kind=spec.entry_kind, args=args, log_dir=log_dir), run.code_dir, run.host, log_dir)
+    run.say(launch_line(spec, run.index, run.master_addr, port))
+    code, failure, hang = run_training(launch, run.host, log_dir, phases=run.phases,
                                        metrics_file=f"{run.root}/output/data/{METRICS_FILE}",
                                        regexes=[d["Regex"] for d in spec.metric_definitions],
                                        hang_timeout_s=spec.hang_timeout_s)

@@ -7,7 +7,9 @@ then the earliest wins.
 """
 from __future__ import annotations
 
+import os
 import re
+import signal as signals
 from dataclasses import asdict, dataclass
 
 FAILURE_REASON_LIMIT = 1024
@@ -120,3 +122,31 @@ def first_cause(reasons: list[str]) -> str:
 
 def tail(text: str, lines: int = LAST_LINES) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def from_rank_logs(*, host: str, rank: int, local_rank: int, exitcode: int, when: float, stderr: str | None,
+                   message: str = "") -> RankFailure:
+    """A rank's failure from its output files (`stderr` and the `stdout.log` beside it): the last lines of its
+    stderr, else (an exit without a traceback) those of its stdout, else `message` (what torchrun's error file
+    said), else that it printed nothing. `when` is the exit's time; `exitcode` negative for a signal."""
+    text = ""
+    if stderr and os.path.exists(stderr):
+        # the time of its last words is a finer clock than torchrun's whole seconds, unless the rank said
+        # nothing near its end (a silent rank's last words are from its start)
+        words = os.path.getmtime(stderr)
+        if words >= when - 1.0:
+            when = words
+        with open(stderr, errors="replace") as fh:
+            text = tail(fh.read())
+        stdout = os.path.join(os.path.dirname(stderr), "stdout.log")
+        if not text and exitcode > 0 and os.path.exists(stdout):  # an exit without a traceback: what it printed
+            with open(stdout, errors="replace") as fh:
+                printed = tail(fh.read())
+            text = f"(nothing on stderr; its last lines on stdout:)\n{printed}" if printed.strip() else ""
+    if not text and message and "To enable traceback" not in message:
+        text = tail(message)
+    if not text and exitcode > 0:  # a rank that exited printing nothing at all: say so, not a bare head
+        text = "(it printed nothing on stdout or stderr)"
+    signal = signals.Signals(-exitcode).name if exitcode < 0 and -exitcode in signals.valid_signals() else ""
+    return RankFailure(host=host, rank=rank, local_rank=local_rank, exitcode=exitcode, signal=signal, time=when,
+                       last_lines=text)

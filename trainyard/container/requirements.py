@@ -29,7 +29,9 @@ so pip runs with `sys.prefix` set to the overlay ("Not uninstalling numpy at ...
 The returned `Overlay` says where the packages are: `activate(environ)` puts its site-packages first on
 `PYTHONPATH` and its `bin` (console scripts, which run this same Python) first on `PATH`, so every rank that
 torchrun starts sees them. A failed install raises `RequirementsError`; its message starts with pip's
-`ERROR:` lines, then pip's last lines, and nothing is cached. Overlays are never deleted: `cache_root` is
+`ERROR:` lines, then pip's last lines, and nothing is cached. So does an install that breaks the
+environment's packages (`check_conflicts`: `pip check` with the overlay first finds a requirement that it
+did not find without it), which pip itself only warns of. Overlays are never deleted: `cache_root` is
 the place to clean.
 """
 from __future__ import annotations
@@ -127,10 +129,12 @@ def prepare(code_dir: str, cache_root: str, say: Callable[[str], None] = print,
             say(f"requirements.txt: pip install -r requirements.txt --prefix {path}")
             try:
                 _run_pip(python, path, code_dir, say)
+                overlay = _overlay(path, _distributions(_paths(path)), reused=False)
+                if overlay.installed:
+                    check_conflicts(python, overlay)
             except BaseException:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
-            overlay = _overlay(path, _distributions(_paths(path)), reused=False)
             tmp = f"{marker}.tmp"
             with open(tmp, "w") as fh:
                 json.dump({"installed": overlay.installed, "created": time.time()}, fh)
@@ -256,6 +260,36 @@ def _run_pip(python: str, path: str, code_dir: str, say: Callable[[str], None]) 
         head = errors[:3] or ["(pip wrote no ERROR line)"]
         raise RequirementsError(f"pip install -r requirements.txt failed (exit {proc.returncode}): "
                                 + "\n".join([*head, "pip's last lines:", *last]))
+
+
+def _pip_check(python: str, environ: dict) -> set[str]:
+    """`pip check`'s findings (one per line: "x 1.0 has requirement y>=2, but you have y 1.5.") for the
+    distributions that a process with `environ` sees."""
+    env = {k: v for k, v in environ.items() if k not in DROPPED_PIP_ENV}
+    proc = subprocess.run([python, "-P", "-m", "pip", "check", "--disable-pip-version-check", "--no-input"],
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace")
+    return {line.strip() for line in proc.stdout.splitlines() if line.strip() and "No broken requirements" not in line}
+
+
+def check_conflicts(python: str, overlay: Overlay, environ=None) -> None:
+    """Refuse an overlay that breaks what the environment has installed: a package it shadows with a version
+    that another installed package does not accept (an old huggingface_hub under datasets), or a package it
+    adds whose own requirements the environment does not meet. pip only warns of these ("pip's dependency
+    resolver does not currently take into account...") and exits 0; the script would then fail at an import,
+    far from the cause. What `pip check` finds with the overlay first on the path and not without it raises
+    `RequirementsError` naming each conflict (the environment's own, older conflicts are not the job's)."""
+    environ = dict(os.environ if environ is None else environ)
+    before = _pip_check(python, environ)
+    with_overlay = dict(environ)
+    overlay.activate(with_overlay)
+    new = sorted(_pip_check(python, with_overlay) - before)
+    if new:
+        shown = new[:8] + ([f"... and {len(new) - 8} more"] if len(new) > 8 else [])
+        raise RequirementsError(
+            f"requirements.txt: what it installs ({', '.join(overlay.installed)}) breaks {len(new)} requirement(s) "
+            "of the packages the environment has (pip check):\n" + "\n".join(shown) + "\nPin versions those "
+            "packages accept (or drop the line: the environment has its own), so that nothing is shadowed by an "
+            "older copy")
 
 
 def _paths(path: str) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
-from trainyard.parallel.parallelism import Parallelism
+from trainyard.parallel.parallelism import Parallelism, asks_for_launcher
 from trainyard.job import catalog
 from trainyard.job.distribution import typed
 from trainyard.errors import ConfigError
@@ -37,6 +37,13 @@ BUILTIN_TRAINER = "trainyard.engine.train"
 DEFAULT_MAX_RUN = 24 * 3600  # SageMaker's default MaxRuntimeInSeconds
 # no rank's heartbeat changed for this long: the job hangs (container/hang.py); NCCL's own watchdog waits 600 s
 DEFAULT_HANG_TIMEOUT_S = 300.0
+
+
+def launches_plain(entry_point: str, distribution: dict | None) -> bool:
+    """Whether a job's entry point runs as plain `python` (SageMaker's way without a distribution): a script or
+    module of the user's (not the built-in trainer) whose `distribution` asks for no launcher. It then runs once
+    per host unless `processes_per_host` asks for more (torchrun then starts them)."""
+    return entry_point != BUILTIN_TRAINER and not asks_for_launcher(distribution)
 
 
 class Channel(BaseModel):
@@ -482,6 +489,13 @@ class JobSpec(BaseModel):
     @property
     def world_size(self) -> int:
         return self.instance_count * self.processes_per_host
+
+    @property
+    def launcher(self) -> str:
+        """How each host starts the entry point: "python", one plain process (`launches_plain`, one process per
+        host: SageMaker's way without a distribution), or "torchrun"."""
+        plain = launches_plain(self.entry_point, self.distribution) and self.processes_per_host == 1
+        return "python" if plain else "torchrun"
 
     @property
     def parallelism(self) -> Parallelism:

@@ -303,3 +303,19 @@ def _check_enabled_flags(distribution: dict, path: str = "") -> None:
             raise ValueError(f"distribution: {name} must be true or false, got {value!r} ({type(value).__name__})")
         if isinstance(value, dict):
             _check_enabled_flags(value, f"{name}.")
+
+
+def asks_for_launcher(distribution: dict[str, Any] | None) -> bool:
+    """Whether `distribution` asks for processes started together by a launcher (torchrun): any of Trainyard's
+    keys, or a SageMaker launcher turned on (`{"torch_distributed": {"enabled": True}}`, `mpi`, `smdistributed`'s
+    `dataparallel` or `modelparallel`, ...). None, {}, or launchers all turned off: SageMaker runs the entry point
+    as plain `python`, once per host, and so does Trainyard."""
+    def on(value: object) -> bool:
+        if isinstance(value, dict):
+            if "enabled" in value:
+                return value["enabled"] is True
+            return any(on(v) for v in value.values() if isinstance(v, dict))
+        return bool(value)
+
+    return any(key in _TYPED_KEYS and value is not None or key in _LAUNCHER_KEYS and on(value)
+               for key, value in (distribution or {}).items())

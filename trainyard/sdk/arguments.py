@@ -7,10 +7,10 @@
   are accepted and named as without effect (`inert`), and the EC2 fields the spec gets;
 - `source`: a git_config's clone (or an s3:// sourcedir.tar.gz, extracted) standing in for source_dir, and the
   dependencies inside it;
-- `resolve_entry_point`, `check_entry_syntax` (at `fit()`), `check_dependencies`, `processes_per_host`, `auto_options`,
-  `check_emulated_network`:
-  the entry point as the job sees it, the dependencies, SageMaker's processes-per-host rule, the planned form of
-  `distribution` and where an emulated network can be;
+- `resolve_entry_point`, `check_entry_syntax` (at `fit()`), `check_dependencies`, `processes_per_host`,
+  `launches_plain`, `auto_options`, `check_emulated_network`:
+  the entry point as the job sees it, the dependencies, SageMaker's processes-per-host rule (and its plain
+  `python` without a distribution), the planned form of `distribution` and where an emulated network can be;
 - `notes`: what the Estimator says on stderr once built (the arguments without effect, named once).
 
 Everything here but `source` (which clones) reads only its arguments and the files they name.
@@ -28,7 +28,7 @@ from typing import Any
 from trainyard.container import codefetch
 from trainyard.job import catalog, storage
 from trainyard.errors import ConfigError
-from trainyard.job.spec import MODULE_NAME
+from trainyard.job.spec import MODULE_NAME, launches_plain  # noqa: F401 - one of this module's rules
 from trainyard.sdk import gitsource
 from trainyard.sdk.backends.local.netem import unavailable_reason
 
@@ -68,9 +68,11 @@ def asks_nothing(value: Any, defaults: tuple) -> bool:
     return any(value is d or (type(value) is type(d) and value == d) for d in defaults)
 
 
-def processes_per_host(itype: catalog.InstanceType, distribution: dict | None, given: int | None) -> int:
+def processes_per_host(itype: catalog.InstanceType, distribution: dict | None, given: int | None, *,
+                       plain: bool = False) -> int:
     """SageMaker's rule: one process per GPU (or NeuronCore), one on a CPU host, unless `mpi` says how many
-    (`processes_per_host`) or the `processes_per_host` argument does."""
+    (`processes_per_host`) or the `processes_per_host` argument does. A `plain` job (a script of the user's with
+    no distribution that asks for a launcher: `launches_plain`) runs once per host unless the argument says more."""
     mpi = (distribution or {}).get("mpi") if isinstance(distribution, dict) else None
     from_mpi = mpi.get("processes_per_host") if isinstance(mpi, dict) and mpi.get("enabled") else None
     if from_mpi is not None and given is not None and from_mpi != given:
@@ -80,7 +82,8 @@ def processes_per_host(itype: catalog.InstanceType, distribution: dict | None, g
         return given
     if from_mpi is not None:
         return from_mpi
-    return itype.processes_per_host
+    return 1 if plain else itype.processes_per_host
+
 
 
 def check_dependencies(dependencies: object) -> tuple[str, ...]:

@@ -145,7 +145,9 @@ class Estimator:
         self.framework_version, self.py_version = framework_version, py_version
         notes = check_framework(self._versions(), py_version, local=local)
         auto = arguments.auto_options(distribution)
-        processes = arguments.processes_per_host(itype, None if auto is not None else distribution, processes_per_host)
+        processes = arguments.processes_per_host(
+            itype, None if auto is not None else distribution, processes_per_host,
+            plain=auto is None and arguments.launches_plain(entry, distribution if isinstance(distribution, dict) else None))
         planned = None
         self._plan_options = auto or {}
         if auto is not None:  # the plan's best fitting layout (docs/plan.md)

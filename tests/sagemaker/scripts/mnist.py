@@ -4,7 +4,8 @@ Copied from aws/amazon-sagemaker-examples sagemaker-python-sdk/pytorch_mnist/mni
 `host_rank = args.hosts.index(args.current_host)` and `dist.init_process_group(backend=args.backend,
 rank=host_rank, world_size=world_size)`): ONE process per host, ranked by host. Changes: the data is
 `train.pt` / `test.pt` (tensors the test generates), the model is two linear layers, `dist.ReduceOp` instead
-of the removed `dist.reduce_op`, and every host writes `dist.json` next to `model.pth` (what it saw).
+of the removed `dist.reduce_op`, and every host writes `dist.json` next to `model.pth` (what it saw, with
+the launcher's variables it started with: SageMaker starts it as plain python, so there are none).
 """
 import argparse
 import json
@@ -81,6 +82,7 @@ def train(args):
     kwargs = {"num_workers": 1, "pin_memory": True} if use_cuda else {}
     device = torch.device("cuda" if use_cuda else "cpu")
 
+    launched_with = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     world_size, host_rank = 1, 0
     if is_distributed:
         # Initialize the distributed environment.
@@ -140,7 +142,7 @@ def train(args):
 
     report = {"current_host": args.current_host, "hosts": args.hosts, "world_size": world_size,
               "host_rank": host_rank, "master_addr": os.environ.get("MASTER_ADDR"),
-              "master_port": os.environ.get("MASTER_PORT")}
+              "master_port": os.environ.get("MASTER_PORT"), "launched_with": launched_with}
     if is_distributed:
         ranks = torch.tensor([float(dist.get_rank())])
         dist.all_reduce(ranks, op=dist.ReduceOp.SUM)

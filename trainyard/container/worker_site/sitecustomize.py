@@ -86,12 +86,13 @@ def _stacks_on_sigusr2():
     import signal
 
     folder = os.environ.get("TRAINYARD_HEARTBEAT_DIR")
-    if not folder or "RANK" not in os.environ:
+    if not folder:
         return
+    rank = os.environ.get("RANK") or "0"  # a plain process (no launcher) is rank 0, as its heartbeat says
     try:
         os.makedirs(folder, exist_ok=True)
         # kept open for the process's life: faulthandler writes to its descriptor
-        out = open(os.path.join(folder, f"stack-rank-{os.environ['RANK']}.txt"), "w")
+        out = open(os.path.join(folder, f"stack-rank-{rank}.txt"), "w")
         faulthandler.register(signal.SIGUSR2, file=out, all_threads=True)
     except OSError:
         pass

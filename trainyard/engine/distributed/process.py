@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 from dataclasses import dataclass
 
@@ -66,6 +67,7 @@ def init_distributed(env: dict | None = None) -> Dist:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        check_launched(env)
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         if "RANK" in env and "MASTER_ADDR" in env:
             dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
@@ -77,6 +79,20 @@ def init_distributed(env: dict | None = None) -> Dist:
     heartbeat.start(env)  # in a job: what this rank is doing, for the hang detection
     return Dist(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
                 processes_per_host=pph)
+
+
+def check_launched(env) -> None:
+    """A job of several hosts whose processes no launcher started (no `distribution`: plain python once per host,
+    as on SageMaker) would train one model per host, each alone: refused, naming the fix."""
+    try:
+        hosts = json.loads(env.get("SM_HOSTS") or "[]")
+    except ValueError:
+        return
+    if "RANK" not in env and isinstance(hosts, list) and len(hosts) > 1:
+        raise ValueError(f"distribution: this job has {len(hosts)} hosts, and without a distribution each runs the "
+                         "script as plain python, alone (as SageMaker does): every host would train a model of its "
+                         "own. Give the estimator distribution={'torch_distributed': {'enabled': True}} (or "
+                         "Trainyard's form) so that torchrun starts the hosts' processes together")
 
 
 def destroy_distributed() -> None:
