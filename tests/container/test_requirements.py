@@ -44,6 +44,22 @@ def _run(code, environ, python=sys.executable):
     return subprocess.run([python, "-c", code], env=environ, capture_output=True, text=True, timeout=60)
 
 
+def _env_with(tmp_path, *wheels):
+    """A virtual environment that sees this one (pip, trainyard) and has `wheels` installed: its python."""
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(str(env))
+    python = str(env / "bin" / "python")
+    env_site = _run("import sysconfig; print(sysconfig.get_path('purelib'))", {}, python).stdout.strip()
+    with open(os.path.join(env_site, "outer.pth"), "w") as fh:
+        for d in site.getsitepackages():
+            fh.write(f"import site; site.addsitedir({d!r})\n")
+        fh.write(os.path.dirname(os.path.dirname(trainyard.__file__)) + "\n")
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(env_site)
+    return python
+
+
 def test_no_requirements_txt_gives_none(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     assert prepare(str(tmp_path), str(tmp_path / "cache"), say=lambda m: None) is None
@@ -158,17 +174,8 @@ def test_pips_environment_variables_apply(tmp_path, monkeypatch):
 
 def test_another_version_of_an_installed_package_goes_to_the_overlay_and_the_environment_keeps_its_own(tmp_path):
     """pip's --prefix alone would uninstall the environment's tinypkg 0.1 here: it must stay."""
-    env = tmp_path / "env"
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(str(env))
-    python = str(env / "bin" / "python")
+    python = _env_with(tmp_path, make_wheel(str(tmp_path / "w"), version="0.1"))  # tinypkg 0.1 installed there
     env_site = _run("import sysconfig; print(sysconfig.get_path('purelib'))", {}, python).stdout.strip()
-    # this environment sees pip, torch... and trainyard through this test's own environment
-    with open(os.path.join(env_site, "outer.pth"), "w") as fh:
-        for d in site.getsitepackages():
-            fh.write(f"import site; site.addsitedir({d!r})\n")
-        fh.write(os.path.dirname(os.path.dirname(trainyard.__file__)) + "\n")
-    with zipfile.ZipFile(make_wheel(str(tmp_path / "w"), version="0.1")) as z:
-        z.extractall(env_site)  # tinypkg 0.1 installed in that environment
     code = _code(tmp_path, ["./wheels/tinypkg-0.2-py3-none-any.whl"], version="0.2")
     script = ("import json, sys; from trainyard.container.requirements import prepare; "
               "o = prepare(sys.argv[1], sys.argv[2], say=print); print(json.dumps(o.pythonpath))")
@@ -195,7 +202,56 @@ def test_an_overlay_that_shadows_a_package_with_a_version_others_refuse_is_refus
     with pytest.raises(RequirementsError) as e:
         prepare(str(code), str(cache), say=lambda _: None)
     text = str(e.value)
-    assert text.startswith("requirements.txt: what it installs (packaging==0.0.1) breaks")
+    assert text.startswith("requirements.txt: what requirements.txt installs (packaging==0.0.1) breaks")
     assert "has requirement packaging" in text and "but you have packaging 0.0.1" in text, text
     assert "pytest" in text
     assert not any(p.is_dir() for p in cache.iterdir())  # nothing cached: the next attempt installs again
+
+
+
+PREPARE = ("import json, sys; from trainyard.container.requirements import prepare, RequirementsError\n"
+           "try:\n    o = prepare(sys.argv[1], sys.argv[2], say=print, pins=sys.argv[3:])\n"
+           "except RequirementsError as e:\n    print('REFUSED', json.dumps(str(e)))\n"
+           "else:\n    print('INSTALLED', json.dumps(o.installed))\n")
+
+
+@pytest.mark.parametrize("fitting", [True, False], ids=["a-fitting-version-exists", "none-fits"])
+def test_a_dependent_the_overlay_breaks_is_resolved_again_into_it_or_the_install_is_refused(tmp_path, fitting):
+    """The environment has tinypkg 0.2 and `dependent` 1.0, which needs tinypkg>=0.2; the requirements pin
+    tinypkg 0.1 (as an HF notebook's transformers pin brings an old huggingface_hub under datasets). pip
+    installs it and only warns. The overlay then gets a `dependent` that accepts 0.1, resolved by pip against
+    the whole environment, or, where none exists, the install is refused naming the broken requirement."""
+    built = tmp_path / "built"
+    python = _env_with(tmp_path, make_wheel(str(built), version="0.2"),
+                       make_wheel(str(built), name="dependent", version="1.0", requires=("tinypkg>=0.2",)))
+    code = tmp_path / "code"
+    make_wheel(str(code / "wheels"), version="0.1")
+    if fitting:
+        make_wheel(str(code / "wheels"), name="dependent", version="0.9", requires=("tinypkg<0.2",))
+    (code / "requirements.txt").write_text("--find-links ./wheels\ntinypkg==0.1\n")
+    r = subprocess.run([python, "-c", PREPARE, str(code), str(tmp_path / "cache")], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=180)
+    last = r.stdout.splitlines()[-1]
+    assert "break(s) what dependent of the environment need(s)" in r.stdout, r.stdout + r.stderr
+    if fitting:
+        assert last.startswith("INSTALLED") and json.loads(last.split(" ", 1)[1]) == ["dependent==0.9",
+                                                                                      "tinypkg==0.1"], r.stdout
+    else:
+        assert last.startswith("REFUSED"), r.stdout
+        text = json.loads(last.split(" ", 1)[1])
+        assert text.startswith("requirements.txt: what requirements.txt installs (tinypkg==0.1) breaks 1 requirement")
+        assert "dependent 1.0 has requirement tinypkg>=0.2, but you have tinypkg 0.1" in text
+        assert "pip found no versions of dependent that fit it" in text
+
+
+def test_framework_pins_ask_the_overlay_for_another_major_version_unless_requirements_name_it(tmp_path):
+    from trainyard.container.requirements import framework_pins
+
+    have = {"transformers": "5.24.0"}.get
+    assert framework_pins({"transformers_version": "4.26"}, str(tmp_path), have) == ["transformers==4.26.*"]
+    assert framework_pins({"transformers_version": "4.26.1"}, str(tmp_path), have) == ["transformers==4.26.1"]
+    assert framework_pins({"transformers_version": "5.20"}, str(tmp_path), have) == []  # same major: kept
+    assert framework_pins({"framework_version": "1.11"}, str(tmp_path), have) == []  # torch: never an overlay
+    assert framework_pins({"transformers_version": "4.26"}, str(tmp_path), {}.get) == ["transformers==4.26.*"]
+    (tmp_path / "requirements.txt").write_text("# pinned by the notebook\nTransformers[torch]==4.26.1\n")
+    assert framework_pins({"transformers_version": "4.26"}, str(tmp_path), have) == []

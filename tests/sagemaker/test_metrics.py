@@ -4,7 +4,11 @@ as in SageMaker), plus {"Name": "train:loss", "Regex": "loss: ([0-9\\.]+)"} from
 then describe()["FinalMetricDataList"], TrainingJobAnalytics(...).dataframe() (pandas is a dependency: the
 same rows as rows()), estimator.training_job_analytics, and latest_training_job.metrics().
 """
+import os
+
 import pytest
+
+from tests.container.wheels import make_wheel
 
 from .helpers import MAX_RUN, LOCAL_ROLE, copy_scripts, read_tar
 
@@ -39,6 +43,13 @@ def _job_metric_values(rows, name) -> list[float]:
 def test_metric_definitions_hf_notebook(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     copy_scripts(tmp_path / "scripts", "hf/train.py")
+    # transformers_version="4.26" beside transformers 5: the job's overlay installs 4.26, here offline from a
+    # wheel of that name (the notebook's script does not import it); pip finds what this process's variables say
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(str(wheelhouse), name="transformers", version="4.26.1")
+    for name, value in {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(wheelhouse),
+                        "TRAINYARD_REQUIREMENTS_CACHE": str(tmp_path / "overlays")}.items():
+        monkeypatch.setenv(name, value)
     for split in ("train", "test"):
         (tmp_path / split).mkdir()
         (tmp_path / split / "dataset.arrow").write_text(f"{split} rows")
@@ -85,6 +96,7 @@ def test_metric_definitions_hf_notebook(tmp_path, monkeypatch):
     huggingface_estimator.fit({"train": training_input_path, "test": test_input_path})
 
     job = huggingface_estimator.latest_training_job
+    assert "installed 1 package(s) into" in job.log_text() and "(transformers==4.26.1)" in job.log_text()
     final = {m["MetricName"]: m["Value"] for m in job.describe()["FinalMetricDataList"]}
     expected_final = {"loss": 0.25, "train:loss": 0.25, "eval_loss": 0.3, "eval_accuracy": 0.9, "epoch": 3.0}
     for name, value in expected_final.items():

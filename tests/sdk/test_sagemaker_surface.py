@@ -60,6 +60,11 @@ def test_versions_are_checked_against_what_runs_the_job(src, capsys):
     assert "the Trainyard image" not in capsys.readouterr().err and ec2.processes_per_host == 1
     with pytest.raises(ConfigError, match="tensorflow_version"):
         HuggingFace(entry_point="train.py", source_dir=src, instance_type="local", tensorflow_version="2.6")
+    # another major version of transformers: the job's overlay installs it (the notebooks' 4.x API)
+    HuggingFace(entry_point="train.py", source_dir=src, instance_type="local", transformers_version="4.26",
+                pytorch_version="2.13")
+    err = capsys.readouterr().err
+    assert "transformers_version '4.26'" in err and "installs transformers==4.26.* into its requirements overlay" in err
 
 
 @pytest.mark.parametrize("kw, field", [

@@ -5,7 +5,8 @@
 1. reads `<root>/input/config/trainyard.json` and renders the contract again to get the SM_* environment;
 2. fetches the code (`sourcedir.tar.gz`) into `<root>/code`;
    with a `requirements.txt` there, pip installs it into an overlay (trainyard/container/requirements.py),
-   put first on PYTHONPATH and PATH for every rank;
+   put first on PYTHONPATH and PATH for every rank; so it does the framework versions the job asks for that
+   the environment lacks (`transformers_version='4.26'` beside transformers 5: `framework_pins`);
 3. sets the NCCL/EFA variables that the devices it finds call for (trainyard/container/efa.py; the job's own values
    win) and logs one line saying what it found and set;
 4. with `TRAINYARD_BANDWIDTH_PROBE=1` in the job's environment, runs the bandwidth probe
@@ -403,7 +404,8 @@ def install_code(run: HostRun) -> None:
         if spec.entry_kind == "script" and not os.path.isfile(os.path.join(run.code_dir, spec.entry_point)):
             raise FileNotFoundError(f"entry point {spec.entry_point!r} is not in the code at {spec.code_uri}")
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_SITE, os.environ.get("PYTHONPATH")) if p)
-        overlay = requirements.prepare(run.code_dir, requirements.default_cache_root(), say=run.say)
+        pins = requirements.framework_pins(spec.framework, run.code_dir)  # transformers_version='4.26', ...
+        overlay = requirements.prepare(run.code_dir, requirements.default_cache_root(), say=run.say, pins=pins)
         if overlay is not None:
             overlay.activate(os.environ)
             run.say(f"requirements.txt: {overlay.summary()}")

@@ -1,7 +1,7 @@
 """A job's `requirements.txt`, installed before its entry point runs (SageMaker's training toolkit does the
 same), into an overlay: never into the Python environment that runs the job.
 
-When `<code_dir>/requirements.txt` exists, `prepare()`:
+When `<code_dir>/requirements.txt` exists (or `pins` are given), `prepare()`:
 
 1. names the overlay `<cache_root>/<key>`, key = sha256 of the requirements file's bytes, of the local
    files it refers to (`./wheels/x.whl`, `-r other.txt`, `--find-links ./wheels`: a file's bytes, a
@@ -29,10 +29,17 @@ so pip runs with `sys.prefix` set to the overlay ("Not uninstalling numpy at ...
 The returned `Overlay` says where the packages are: `activate(environ)` puts its site-packages first on
 `PYTHONPATH` and its `bin` (console scripts, which run this same Python) first on `PATH`, so every rank that
 torchrun starts sees them. A failed install raises `RequirementsError`; its message starts with pip's
-`ERROR:` lines, then pip's last lines, and nothing is cached. So does an install that breaks the
-environment's packages (`check_conflicts`: `pip check` with the overlay first finds a requirement that it
-did not find without it), which pip itself only warns of. Overlays are never deleted: `cache_root` is
-the place to clean.
+`ERROR:` lines, then pip's last lines, and nothing is cached.
+
+pip resolves the file against itself and only warns when the overlay breaks the environment's packages
+(an older huggingface_hub under datasets). `check_conflicts` finds those (`pip check` with the overlay first
+finds a requirement that it did not find without it); pip then runs again with the broken packages named too,
+so that it resolves versions of them that fit (`_install`, up to `RESOLVE_PASSES` runs), and what still
+breaks raises `RequirementsError` naming each requirement.
+
+`pins` install with the file as if they were lines of it: `framework_pins` turns the HF estimator's
+`transformers_version` into one where the environment has another major version of transformers. Overlays
+are never deleted: `cache_root` is the place to clean.
 """
 from __future__ import annotations
 
@@ -42,19 +49,22 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 REQUIREMENTS = "requirements.txt"
 CACHE_ENV = "TRAINYARD_REQUIREMENTS_CACHE"
 MARKER = ".trainyard-complete"
 TAIL_LINES = 20
+RESOLVE_PASSES = 4  # installs of an overlay, each naming more of the environment's packages it breaks
+FRAMEWORK_PACKAGES = {"transformers_version": "transformers"}  # versions an overlay can honour (not torch's)
 # pip's settings that would send the install somewhere other than the overlay
 DROPPED_PIP_ENV = ("PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER")
 # pip in a process whose sys.prefix is the overlay (argv[1]): the running environment is then "outside
@@ -97,14 +107,15 @@ def default_cache_root(environ=None) -> str:
 
 
 def prepare(code_dir: str, cache_root: str, say: Callable[[str], None] = print,
-            python: str = sys.executable) -> Overlay | None:
-    """Install `<code_dir>/requirements.txt` into its overlay under `cache_root` (or reuse it). None when the
-    code has no requirements.txt. Raises `RequirementsError` when pip fails."""
-    req = os.path.join(code_dir, REQUIREMENTS)
-    if not os.path.isfile(req):
+            python: str = sys.executable, pins: Sequence[str] = ()) -> Overlay | None:
+    """Install `<code_dir>/requirements.txt` and `pins` (requirement strings: the framework versions the job
+    asks for, `framework_pins`) into their overlay under `cache_root` (or reuse it). None when there is
+    neither. Raises `RequirementsError` when pip fails, or when no install fits the environment's packages."""
+    has_file = os.path.isfile(os.path.join(code_dir, REQUIREMENTS))
+    if not has_file and not pins:
         return None
     os.makedirs(cache_root, exist_ok=True)
-    key = overlay_key(code_dir)
+    key = overlay_key(code_dir, pins)
     path = os.path.join(os.path.abspath(cache_root), key)
     with open(f"{path}.lock", "a") as lock:
         try:
@@ -118,20 +129,13 @@ def prepare(code_dir: str, cache_root: str, say: Callable[[str], None] = print,
                 with open(marker) as fh:
                     done = json.load(fh)
                 return _overlay(path, done["installed"], reused=True)
-            if os.path.lexists(path):  # a killed install: never reused
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-            os.makedirs(path)
-            _copy_site_config(path)
-            with open(req, errors="replace") as fh:
-                changed = index_options(fh.read())
-            if changed:
-                say(f"requirements.txt: pip looks for packages where the file says: {', '.join(changed)}")
-            say(f"requirements.txt: pip install -r requirements.txt --prefix {path}")
+            if has_file:
+                with open(os.path.join(code_dir, REQUIREMENTS), errors="replace") as fh:
+                    changed = index_options(fh.read())
+                if changed:
+                    say(f"requirements.txt: pip looks for packages where the file says: {', '.join(changed)}")
             try:
-                _run_pip(python, path, code_dir, say)
-                overlay = _overlay(path, _distributions(_paths(path)), reused=False)
-                if overlay.installed:
-                    check_conflicts(python, overlay)
+                overlay = _install(python, path, code_dir, has_file, list(pins), say)
             except BaseException:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
@@ -142,6 +146,93 @@ def prepare(code_dir: str, cache_root: str, say: Callable[[str], None] = print,
             return overlay
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _install(python: str, path: str, code_dir: str, has_file: bool, pins: list[str],
+             say: Callable[[str], None]) -> Overlay:
+    """pip into a fresh overlay at `path`. When the overlay breaks packages of the environment (an older
+    huggingface_hub under datasets), pip runs again from scratch with those packages named too, so that it
+    resolves versions of them that fit the overlay, against the whole environment; what those break in turn
+    (an older fsspec under s3fs) joins them, up to `RESOLVE_PASSES` installs. What still breaks raises
+    `RequirementsError`, naming each broken requirement."""
+    what = " + ".join([*([REQUIREMENTS] if has_file else []), *pins])
+    dependents: list[str] = []
+    installed: list[str] = []
+    broken: list[str] = []
+    for attempt in range(RESOLVE_PASSES):
+        if os.path.lexists(path):  # a killed install, or an earlier pass: never reused
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        os.makedirs(path)
+        _copy_site_config(path)
+        args = [*(["-r", REQUIREMENTS] if has_file else []), *pins, *dependents]
+        say(f"requirements.txt: pip install {shlex.join(args)} --prefix {path}")
+        try:
+            _run_pip(python, path, code_dir, say, args)
+        except RequirementsError as e:
+            if not attempt:
+                raise
+            raise RequirementsError(f"{broken_message(what, installed, broken)}\nand pip found no versions of "
+                                    f"{', '.join(dependents)} that fit it: {e}") from None
+        overlay = _overlay(path, _distributions(_paths(path)), reused=False)
+        if not overlay.installed:
+            return overlay
+        installed, broken = overlay.installed, check_conflicts(python, overlay)
+        if not broken:
+            return overlay
+        ours = {_canonical(i.split("==")[0]) for i in installed}
+        more = sorted({line.split()[0] for line in broken} - ours - set(dependents))
+        if not more:
+            break
+        dependents = sorted({*dependents, *more})
+        say(f"requirements.txt: {', '.join(installed)} break(s) what {', '.join(more)} of the environment "
+            "need(s) (pip check): installing versions of those that fit, into the overlay")
+    raise RequirementsError(broken_message(what, installed, broken))
+
+
+def broken_message(what: str, installed: list[str], broken: list[str]) -> str:
+    shown = broken[:8] + ([f"... and {len(broken) - 8} more"] if len(broken) > 8 else [])
+    return (f"requirements.txt: what {what} installs ({', '.join(installed)}) breaks {len(broken)} requirement(s) "
+            "of the packages the environment has (pip check):\n" + "\n".join(shown) + "\nPin versions those "
+            "packages accept (or drop the line: the environment has its own), so that nothing is shadowed by an "
+            "older copy")
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def framework_pins(framework: dict, code_dir: str | None,
+                   have: Callable[[str], str | None] = installed_version) -> list[str]:
+    """The requirement pins that give a job the framework versions it asks for (the HF estimator's
+    `transformers_version='4.26'` -> `transformers==4.26.*`) where the environment has another major version
+    (`have(package)`: its version, or None); never a package that the code's requirements.txt names."""
+    named = set()
+    req = os.path.join(code_dir or "", REQUIREMENTS)
+    if code_dir and os.path.isfile(req):
+        with open(req, errors="replace") as fh:
+            for line in fh:
+                token = line.split("#", 1)[0].strip()
+                if token and not token.startswith("-"):
+                    named.add(_canonical(re.split(r"[\s\[<>=!~;@]", token, maxsplit=1)[0]))
+    pins = []
+    for argument, package in FRAMEWORK_PACKAGES.items():
+        asked = str(framework.get(argument) or "")
+        if not asked or _canonical(package) in named:
+            continue
+        current = have(package)
+        if current is None or current.split(".")[0] != asked.split(".")[0]:
+            parts = asked.split(".")
+            pins.append(f"{package}=={asked}" + (".*" if len(parts) < 3 else ""))
+    return pins
 
 
 # options that change where pip finds packages: a package of the same name on another index can replace PyPI's
@@ -163,12 +254,14 @@ def index_options(text: str) -> list[str]:
     return found
 
 
-def overlay_key(code_dir: str) -> str:
+def overlay_key(code_dir: str, pins: Sequence[str] = ()) -> str:
     h = hashlib.sha256(b"trainyard-requirements-1\0")
     req = os.path.join(code_dir, REQUIREMENTS)
     editable = False
     seen: set[str] = set()
-    todo = [req]
+    todo = [req] if os.path.isfile(req) else []
+    for pin in pins:
+        h.update(f"\0pin {pin}".encode())
     while todo:  # the requirements file, and every local file or folder it (or a file it includes) names
         p = os.path.realpath(todo.pop())
         if p in seen:
@@ -237,8 +330,8 @@ def _copy_site_config(path: str) -> None:
         shutil.copy(conf, os.path.join(path, "pip.conf"))
 
 
-def _run_pip(python: str, path: str, code_dir: str, say: Callable[[str], None]) -> None:
-    cmd = [python, "-P", "-c", _PIP_BOOT, path, "install", "--prefix", path, "-r", REQUIREMENTS,
+def _run_pip(python: str, path: str, code_dir: str, say: Callable[[str], None], args: list[str]) -> None:
+    cmd = [python, "-P", "-c", _PIP_BOOT, path, "install", "--prefix", path, *args,
            "--disable-pip-version-check", "--no-input", "--no-user", "--progress-bar", "off",
            "--no-warn-script-location"]
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_PIP_ENV}
@@ -258,7 +351,7 @@ def _run_pip(python: str, path: str, code_dir: str, say: Callable[[str], None]) 
                 errors.append(line)
     if proc.returncode != 0:  # pip's ERROR lines first: a FailureReason keeps only its first 1024 characters
         head = errors[:3] or ["(pip wrote no ERROR line)"]
-        raise RequirementsError(f"pip install -r requirements.txt failed (exit {proc.returncode}): "
+        raise RequirementsError(f"pip install {shlex.join(args)} failed (exit {proc.returncode}): "
                                 + "\n".join([*head, "pip's last lines:", *last]))
 
 
@@ -271,25 +364,17 @@ def _pip_check(python: str, environ: dict) -> set[str]:
     return {line.strip() for line in proc.stdout.splitlines() if line.strip() and "No broken requirements" not in line}
 
 
-def check_conflicts(python: str, overlay: Overlay, environ=None) -> None:
-    """Refuse an overlay that breaks what the environment has installed: a package it shadows with a version
-    that another installed package does not accept (an old huggingface_hub under datasets), or a package it
-    adds whose own requirements the environment does not meet. pip only warns of these ("pip's dependency
-    resolver does not currently take into account...") and exits 0; the script would then fail at an import,
-    far from the cause. What `pip check` finds with the overlay first on the path and not without it raises
-    `RequirementsError` naming each conflict (the environment's own, older conflicts are not the job's)."""
+def check_conflicts(python: str, overlay: Overlay, environ=None) -> list[str]:
+    """What `pip check` finds with the overlay first on the path and not without it: each requirement of an
+    installed package that the overlay breaks (a package it shadows with a version another installed package
+    does not accept, or one it adds whose own requirements are not met). pip's install only warns of these
+    ("pip's dependency resolver does not currently take into account...") and exits 0; the script would then
+    fail at an import, far from the cause. The environment's own, older conflicts are not the overlay's."""
     environ = dict(os.environ if environ is None else environ)
     before = _pip_check(python, environ)
     with_overlay = dict(environ)
     overlay.activate(with_overlay)
-    new = sorted(_pip_check(python, with_overlay) - before)
-    if new:
-        shown = new[:8] + ([f"... and {len(new) - 8} more"] if len(new) > 8 else [])
-        raise RequirementsError(
-            f"requirements.txt: what it installs ({', '.join(overlay.installed)}) breaks {len(new)} requirement(s) "
-            "of the packages the environment has (pip check):\n" + "\n".join(shown) + "\nPin versions those "
-            "packages accept (or drop the line: the environment has its own), so that nothing is shadowed by an "
-            "older copy")
+    return sorted(_pip_check(python, with_overlay) - before)
 
 
 def _paths(path: str) -> list[str]:

@@ -143,7 +143,7 @@ class Estimator:
         self.base_job_name = base_job_name or _default_base_name(entry)
         _check_job_name("base_job_name", self.base_job_name)  # cut to fit beside the time in each job's name
         self.framework_version, self.py_version = framework_version, py_version
-        notes = check_framework(self._versions(), py_version, local=local)
+        notes = check_framework(self._versions(), py_version, local=local, source_dir=source_dir)
         auto = arguments.auto_options(distribution)
         processes = arguments.processes_per_host(
             itype, None if auto is not None else distribution, processes_per_host,
