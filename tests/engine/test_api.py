@@ -170,6 +170,32 @@ def test_an_optimizer_built_after_an_evaluation_trains_every_parameter(engine):
     assert [k for k in before if torch.equal(before[k], after[k])] == []
 
 
+def test_a_save_straight_to_object_storage_marks_the_location_and_the_sync_leaves_its_steps_there(
+        engine, tmp_path, s3_bucket):
+    """te.save_checkpoint to the job's S3 location marks it; the driver's checkpoint sync then restores only the
+    script's own files into /opt/ml/checkpoints, not the steps that te.load_checkpoint reads from the store (it
+    downloaded every kept step on every host, once more). A save into a local folder leaves no mark."""
+    import boto3
+
+    from trainyard.container.ckpt_sync import CheckpointSync
+
+    uri = f"s3://{s3_bucket}/ckpt"
+    model = te.transform(ResidualMLP())
+    opt = torch.optim.AdamW(model.parameters())
+    te.save_checkpoint(model, opt, 2, uri=uri, blocking=True)
+    te.save_checkpoint(model, opt, 4, uri=uri)
+    assert te.wait_for_checkpoints()
+    boto3.client("s3").put_object(Bucket=s3_bucket, Key="ckpt/notes.txt", Body=b"the script's own file")
+    said = []
+    local = tmp_path / "checkpoints"
+    assert CheckpointSync(str(local), uri, interval=3600, say=said.append).restore() == 1
+    assert os.listdir(local) == ["notes.txt"], os.listdir(local)
+    assert any("left there (te.load_checkpoint reads them from the store)" in m for m in said), said
+    assert te.load_checkpoint(model, opt, uri=uri) == 4
+    te.save_checkpoint(model, opt, 1, uri=str(tmp_path / "folder"), blocking=True)
+    assert not (tmp_path / "folder" / ".trainyard-engine-checkpoints.json").exists()
+
+
 def test_checkpoint_keeps_extra_values_and_loads_without_optimizer(engine, tmp_path):
     model = te.transform(ResidualMLP())
     opt = torch.optim.AdamW(model.parameters())

@@ -52,10 +52,16 @@ class FolderSync:
         """Copy the objects under the URI into the local folder (they count as uploaded); returns the
         number of files."""
         files = [f for f in storage.list_files(self.uri) if f[1] != lease.NAME]  # the lease is not a checkpoint
+        skipped = self.restore_skips(files)
+        files = [f for f in files if f not in skipped]
         storage.download_tree(self.uri, self.local_dir, files)
         self.uploaded = self._scan()
         self._seen = dict(self.uploaded)
         return len(files)
+
+    def restore_skips(self, files: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+        """The objects `restore` leaves in the store (none here)."""
+        return []
 
     def start(self) -> FolderSync:
         os.makedirs(self.local_dir, exist_ok=True)  # the job writes into it; the contract may name any folder

@@ -17,6 +17,10 @@ PROFILER_CONFIG = "profilerconfig.json"
 # set by the host's driver: a file the engine creates once its first step is done, so that a host whose
 # ranks print no step line (the built-in trainer's other hosts: only rank 0 speaks) still times its first step
 FIRST_STEP_ENV = "TRAINYARD_FIRST_STEP_FILE"
+# at the root of a checkpoint location that the engine writes straight to object storage ({"written_to": uri}):
+# the driver's checkpoint sync then leaves its step folders there (te.load_checkpoint reads them from the
+# store), instead of copying every kept step to every host's /opt/ml/checkpoints first
+DIRECT_CHECKPOINTS = ".trainyard-engine-checkpoints.json"
 
 
 def _config(name: str, env: dict | None) -> tuple[str, dict | None]:

@@ -5,6 +5,7 @@ failures (`damage`)."""
 from __future__ import annotations
 
 import functools
+import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -15,8 +16,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
-from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, committed_steps, is_remote, purge,
-                                                              step_uri, storage_options)
+from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, committed_steps, is_remote,
+                                                              purge, step_uri, storage_options)
+from trainyard.engine.components.contract import DIRECT_CHECKPOINTS
 from trainyard.engine.components.checkpoint.state import SCALER_KEY, holds, state_of, write_model_config
 
 
@@ -187,6 +189,21 @@ def newest_verified_step(uri: str, warn=print) -> int | None:
     return None
 
 
+def mark_direct(uri: str) -> None:
+    """Say at the root of an object-storage location that the engine writes its steps there itself (rank 0,
+    once per process and location; `contract.DIRECT_CHECKPOINTS`): the driver's checkpoint sync then leaves
+    them in the store. Not for a folder: one under /opt/ml/checkpoints reaches the store through the sync,
+    and its steps must come back through it."""
+    if not is_remote(uri) or uri in _MARKED or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    fs, path = _fs(uri)
+    fs.pipe_file(f"{path.rstrip('/')}/{DIRECT_CHECKPOINTS}", json.dumps({"written_to": uri}).encode())
+    _MARKED.add(uri)
+
+
+_MARKED: set[str] = set()
+
+
 class CheckpointManager:
     """One checkpoint location's saves and loads: `save` (asynchronous unless `blocking`; at most one in
     flight), `wait` (the save in flight; False when it failed and was not committed), `resume` (the newest
@@ -203,10 +220,12 @@ class CheckpointManager:
         if blocking:
             t0 = time.perf_counter()
             self.wait()
+            mark_direct(self.uri)
             save_checkpoint(self.uri, step, model, optimizer, scheduler, keep_last=self.keep_last, extra=extra,
                             scaler=scaler)
             return time.perf_counter() - t0
         if self._saver is None:
+            mark_direct(self.uri)
             self._saver = AsyncSaver(self.uri, keep_last=self.keep_last, say=self.say)
         self._saver.keep_last = self.keep_last  # the save's own keep_last, as a blocking save has it
         return self._saver.save(step, model, optimizer, scheduler, extra=extra, scaler=scaler)
