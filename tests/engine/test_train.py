@@ -133,42 +133,6 @@ def test_loss_decreases_on_synthetic_data(tmp_path):
 
 
 @pytest.mark.slow
-def test_builtin_trainer_trains_an_hf_model_on_a_text_channel(tmp_path):
-    """--model hf: config.json and tokenizer.json from the model channel, a .jsonl text channel tokenized with
-    that tokenizer, 2 processes; the export loads with from_pretrained and the loss falls."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from trainyard.engine.components.text import train_bpe_tokenizer
-
-    model_dir, text_dir = tmp_path / "model-channel", tmp_path / "train"
-    model_dir.mkdir()
-    text_dir.mkdir()
-    sentences = [f"the {a} {b} sat on the {c} mat number {i}" for i, (a, b, c) in
-                 enumerate(zip(["red", "big", "old", "shy"] * 60, ["cat", "dog", "fox"] * 80, ["blue", "green"] * 120))]
-    train_bpe_tokenizer(sentences, 300, str(model_dir / "tokenizer.json"))
-    LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64).save_pretrained(model_dir)
-    (text_dir / "part-0.jsonl").write_text("\n".join(json.dumps({"text": s}) for s in sentences))
-    records, out = run_train(tmp_path / "run", ["--model", "hf", "--dataset", "train", "--steps", "12", "--seq_len",
-                                                "32", "--global_batch_size", "8", "--micro_batch_size", "2",
-                                                "--lr", "0.01", "--warmup_steps", "2"], nproc=2,
-                             env={"SM_CHANNEL_MODEL": str(model_dir), "SM_CHANNEL_TRAIN": str(text_dir),
-                                  "SM_OUTPUT_INTERMEDIATE_DIR": str(tmp_path / "intermediate")})
-    assert "model hf" in out and "text source: tokenized" in out
-    losses = [r["loss"] for r in records]
-    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3]) - 1.0, losses
-    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "model"))
-    assert exported.config.vocab_size == 320 and exported.lm_head.weight.abs().sum() > 0
-    # the export carries the channel's tokenizer: the folder loads as a whole, the same tokens as the channel's
-    from tokenizers import Tokenizer
-
-    assert "with the model channel's tokenizer.json" in out
-    same = [Tokenizer.from_file(str(d / "tokenizer.json")).encode(sentences[7]).ids
-            for d in (model_dir, tmp_path / "run" / "model")]
-    assert same[0] == same[1] and len(same[0]) > 3
-
-
-@pytest.mark.slow
 def test_the_kernels_choice_is_in_the_first_metrics_row(tmp_path):
     """kernels=auto: each op's implementation goes into the job's first metrics row and transform's line. On
     CPU without the interpreter nothing is measured and every op takes its eager reference (on CUDA under
