@@ -13,6 +13,7 @@ SCRIPT = textwrap.dedent("""
     print("env", *(f"{k}={os.environ.get(k, '-')}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                              "MASTER_PORT")))
     print("args", *sys.argv[1:])
+    print(" 10%|#  |\\r 50%|##### |\\r100%|##########|")  # a progress bar's redraws
     if "--fail" in sys.argv:
         raise ValueError("boom in the plain script")
     if "--wait" in sys.argv:
@@ -41,6 +42,8 @@ def test_the_plain_process_has_no_launchers_variables_and_its_lines_are_prefixed
     out = capfd.readouterr().out
     assert "[algo-2/1] env RANK=- LOCAL_RANK=- WORLD_SIZE=- MASTER_ADDR=algo-1 MASTER_PORT=7777\n" in out, out
     assert "[algo-2/1] args --lr 0.1\n" in out
+    # each redraw of a progress bar on a line of its own, prefixed (the log splits at carriage returns)
+    assert "[algo-2/1]  10%|#  |\n[algo-2/1]  50%|##### |\n[algo-2/1] 100%|##########|\n" in out, out
     # the files where the first-step watch and the failure report read a rank's output (torchrun's layout)
     logged = (tmp_path / "logs" / "plain" / "attempt_0" / "0" / "stdout.log").read_text()
     assert logged.startswith("env RANK=-") and "args --lr 0.1" in logged

@@ -202,7 +202,7 @@ def test_an_overlay_that_shadows_a_package_with_a_version_others_refuse_is_refus
     with pytest.raises(RequirementsError) as e:
         prepare(str(code), str(cache), say=lambda _: None)
     text = str(e.value)
-    assert text.startswith("requirements.txt: what requirements.txt installs (packaging==0.0.1) breaks")
+    assert text.startswith("requirements.txt: what requirements.txt installs breaks")
     assert "has requirement packaging" in text and "but you have packaging 0.0.1" in text, text
     assert "pytest" in text
     assert not any(p.is_dir() for p in cache.iterdir())  # nothing cached: the next attempt installs again
@@ -239,7 +239,7 @@ def test_a_dependent_the_overlay_breaks_is_resolved_again_into_it_or_the_install
     else:
         assert last.startswith("REFUSED"), r.stdout
         text = json.loads(last.split(" ", 1)[1])
-        assert text.startswith("requirements.txt: what requirements.txt installs (tinypkg==0.1) breaks 1 requirement")
+        assert text.startswith("requirements.txt: what requirements.txt installs breaks 1 requirement")
         assert "dependent 1.0 has requirement tinypkg>=0.2, but you have tinypkg 0.1" in text
         assert "pip found no versions of dependent that fit it" in text
 
@@ -255,3 +255,16 @@ def test_framework_pins_ask_the_overlay_for_another_major_version_unless_require
     assert framework_pins({"transformers_version": "4.26"}, str(tmp_path), {}.get) == ["transformers==4.26.*"]
     (tmp_path / "requirements.txt").write_text("# pinned by the notebook\nTransformers[torch]==4.26.1\n")
     assert framework_pins({"transformers_version": "4.26"}, str(tmp_path), have) == []
+
+
+def test_the_platform_is_never_installed_again_to_fit_an_overlay(tmp_path):
+    """A file that shadows what trainyard itself needs (pydantic) is refused at once: pip never runs again with
+    `trainyard` named, which an index could answer with another project of that name."""
+    code = tmp_path / "code"
+    make_wheel(str(code / "wheels"), name="pydantic", version="0.0.1")
+    (code / "requirements.txt").write_text("./wheels/pydantic-0.0.1-py3-none-any.whl\n")
+    said: list[str] = []
+    with pytest.raises(RequirementsError) as e:
+        prepare(str(code), str(tmp_path / "cache"), say=said.append)
+    assert "trainyard 0.1.0 has requirement pydantic" in str(e.value), str(e.value)
+    assert sum(m.startswith("requirements.txt: pip install") for m in said) == 1, said

@@ -111,10 +111,16 @@ def test_api_errors_name_the_fix(engine):
         te.transform(ResidualMLP(), distribution={"pipeline_parallel_degree": 2})
 
 
-def test_a_process_of_a_multi_host_job_started_without_a_launcher_is_refused():
+def test_a_process_of_a_multi_host_job_started_without_a_launcher_is_refused(monkeypatch):
     """No distribution: each host runs the script once, as plain python (SageMaker's way). An engine script
-    there would train one model per host, each alone: refused naming the fix. One host, or torchrun's RANK: fine."""
+    there would train one model per host, each alone: refused naming the fix, by te.init() before anything
+    else. One host, or torchrun's RANK: fine."""
     from trainyard.engine.distributed.process import check_launched
+
+    monkeypatch.setenv("SM_HOSTS", '["algo-1", "algo-2"]')
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match=r"^distribution: this job has 2 hosts"):
+        te.init()
 
     with pytest.raises(ValueError, match=r"distribution: this job has 2 hosts.*torch_distributed"):
         check_launched({"SM_HOSTS": '["algo-1", "algo-2"]'})

@@ -127,7 +127,9 @@ def test_the_spec_launches_plain_python_for_one_process_per_host_only():
 
     base = dict(entry_point="train.py", entry_kind="script", instance_type="local", instance_count=2, role="r",
                 output_path="s3://bkt/out")
-    assert build_spec(**base, processes_per_host=1).launcher == "python"
+    plain = build_spec(**base, processes_per_host=1)
+    # each host's one process is a world of its own: the engine gets no partition group spanning the hosts
+    assert plain.launcher == "python" and plain.parallelism.partition_group_size == 1
     assert build_spec(**base, processes_per_host=2).launcher == "torchrun"  # more than one: torchrun starts them
     assert build_spec(**base, processes_per_host=1, distribution={"torch_distributed": {"enabled": True}}
                       ).launcher == "torchrun"

@@ -52,8 +52,8 @@ class CheckpointSync(FolderSync):
             return []
         if written_to.rstrip("/") != self.uri:
             return []
-        skipped = [f for f in files if f[1] == DIRECT_CHECKPOINTS or STEP_FOLDER.match(f[1])]
-        if skipped:
-            self.say(f"checkpoint sync: {len(skipped)} file(s) of the engine's checkpoints at {self.uri} left there "
+        steps = [f for f in files if STEP_FOLDER.match(f[1])]
+        if steps:
+            self.say(f"checkpoint sync: {len(steps)} file(s) of the engine's checkpoints at {self.uri} left there "
                      f"(te.load_checkpoint reads them from the store), not copied to {self.local_dir}")
-        return skipped
+        return [*steps, marker]

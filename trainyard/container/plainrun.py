@@ -37,9 +37,10 @@ def _tee(source: BinaryIO, path: str, out: TextIO, prefix: str) -> None:
     with open(path, "ab", buffering=0) as fh:
         for line in iter(source.readline, b""):
             fh.write(line)
-            text = line.decode(errors="replace").rstrip("\n")
+            # a progress bar redraws with carriage returns: each redraw is a line of its own, prefixed
+            parts = [p for p in line.decode(errors="replace").rstrip("\n").split("\r") if p.strip()] or [""]
             try:
-                out.write(f"{prefix}{text}\n")
+                out.write("".join(f"{prefix}{p}\n" for p in parts))
                 out.flush()
             except (OSError, ValueError):  # nobody reads the driver any more: the file keeps the line
                 pass

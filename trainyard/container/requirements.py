@@ -65,6 +65,7 @@ MARKER = ".trainyard-complete"
 TAIL_LINES = 20
 RESOLVE_PASSES = 4  # installs of an overlay, each naming more of the environment's packages it breaks
 FRAMEWORK_PACKAGES = {"transformers_version": "transformers"}  # versions an overlay can honour (not torch's)
+PLATFORM = frozenset({"trainyard", "torch"})  # never installed into an overlay to fit it: the job runs on these
 # pip's settings that would send the install somewhere other than the overlay
 DROPPED_PIP_ENV = ("PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER")
 # pip in a process whose sys.prefix is the overlay (argv[1]): the running environment is then "outside
@@ -153,10 +154,12 @@ def _install(python: str, path: str, code_dir: str, has_file: bool, pins: list[s
     """pip into a fresh overlay at `path`. When the overlay breaks packages of the environment (an older
     huggingface_hub under datasets), pip runs again from scratch with those packages named too, so that it
     resolves versions of them that fit the overlay, against the whole environment; what those break in turn
-    (an older fsspec under s3fs) joins them, up to `RESOLVE_PASSES` installs. What still breaks raises
-    `RequirementsError`, naming each broken requirement."""
+    (an older fsspec under s3fs) joins them, up to `RESOLVE_PASSES` installs. The platform (`PLATFORM`:
+    trainyard, torch) is never installed again. What still breaks raises `RequirementsError`, naming first
+    what the file itself broke."""
     what = " + ".join([*([REQUIREMENTS] if has_file else []), *pins])
     dependents: list[str] = []
+    first: list[str] = []  # what the file's own install broke: the cause a user can act on
     installed: list[str] = []
     broken: list[str] = []
     for attempt in range(RESOLVE_PASSES):
@@ -171,30 +174,37 @@ def _install(python: str, path: str, code_dir: str, has_file: bool, pins: list[s
         except RequirementsError as e:
             if not attempt:
                 raise
-            raise RequirementsError(f"{broken_message(what, installed, broken)}\nand pip found no versions of "
+            raise RequirementsError(f"{broken_message(what, first, broken)}\nand pip found no versions of "
                                     f"{', '.join(dependents)} that fit it: {e}") from None
         overlay = _overlay(path, _distributions(_paths(path)), reused=False)
         if not overlay.installed:
             return overlay
         installed, broken = overlay.installed, check_conflicts(python, overlay)
+        first = first or broken
         if not broken:
             return overlay
         ours = {_canonical(i.split("==")[0]) for i in installed}
-        more = sorted({line.split()[0] for line in broken} - ours - set(dependents))
-        if not more:
+        needing = {_canonical(line.split()[0]) for line in broken}
+        more = sorted(needing - ours - set(dependents))
+        if not more or needing & PLATFORM:  # nothing left to try, or it would replace the platform itself
             break
         dependents = sorted({*dependents, *more})
         say(f"requirements.txt: {', '.join(installed)} break(s) what {', '.join(more)} of the environment "
             "need(s) (pip check): installing versions of those that fit, into the overlay")
-    raise RequirementsError(broken_message(what, installed, broken))
+    raise RequirementsError(broken_message(what, first, broken))
 
 
-def broken_message(what: str, installed: list[str], broken: list[str]) -> str:
-    shown = broken[:8] + ([f"... and {len(broken) - 8} more"] if len(broken) > 8 else [])
-    return (f"requirements.txt: what {what} installs ({', '.join(installed)}) breaks {len(broken)} requirement(s) "
-            "of the packages the environment has (pip check):\n" + "\n".join(shown) + "\nPin versions those "
-            "packages accept (or drop the line: the environment has its own), so that nothing is shadowed by an "
-            "older copy")
+def broken_message(what: str, first: list[str], last: list[str]) -> str:
+    """The refusal: what the file's own install broke (the cause), then what still broke after resolving."""
+    def shown(lines: list[str]) -> list[str]:
+        return lines[:6] + ([f"... and {len(lines) - 6} more"] if len(lines) > 6 else [])
+
+    text = (f"requirements.txt: what {what} installs breaks {len(first)} requirement(s) of the packages the "
+            "environment has (pip check):\n" + "\n".join(shown(first)))
+    if last and last != first:
+        text += "\nand installing versions of those that fit it still breaks:\n" + "\n".join(shown(last))
+    return text + ("\nPin versions that the environment's packages accept (or drop the line: the environment has "
+                   "its own), so that nothing is shadowed by an older copy")
 
 
 def _canonical(name: str) -> str:

@@ -56,7 +56,7 @@ from trainyard.engine.distributed.parallelize import (Parallelized, check_tp_gra
                                                       parallelize, plain, sync_for)
 from trainyard.engine.distributed.parallelize import forward_backward as _forward_backward
 from trainyard.engine.distributed.pipeline import PipelineConfig
-from trainyard.engine.distributed.process import Dist, destroy_distributed, init_distributed
+from trainyard.engine.distributed.process import Dist, check_launched, destroy_distributed, init_distributed
 from trainyard.engine.models import float8
 from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, describe_choices, plan_backends, swap_kernels
 from trainyard.kernels.auto import as_record
@@ -153,6 +153,7 @@ def init(distribution: dict | Parallelism | None = None) -> Context:
     from `distribution` (any form `Parallelism.parse` accepts), else from the job's (`TRAINYARD_DISTRIBUTION`,
     which the SDK sets). Calling it again returns the current context."""
     global _current
+    check_launched(os.environ)  # before the layout: a multi-host job without a launcher is refused by that name
     par = _parallelism(distribution)
     if _current is not None:
         if distribution is not None and par != _current.parallelism:

@@ -452,9 +452,10 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _parallelism(self) -> "JobSpec":
         """The one parse of `distribution` on the SDK's side: typed and laid out on this job's world."""
+        # a job without a launcher runs one process per host, each a world of its own (container/plainrun.py)
+        world = 1 if self.launcher == "python" else self.world_size
         try:
-            self._typed = typed(self.distribution, world_size=self.world_size,
-                                processes_per_host=self.processes_per_host)
+            self._typed = typed(self.distribution, world_size=world, processes_per_host=self.processes_per_host)
         except ValueError as e:
             raise ValueError(f"distribution: {str(e).removeprefix('distribution: ')}") from None
         if self._typed.cpu_offload and catalog.lookup(self.instance_type).num_gpus == 0:
