@@ -416,6 +416,24 @@ def test_metrics_on_a_narrow_terminal_show_whole_columns_and_name_the_rest(home,
     assert "metric_number_17" in piped.splitlines()[0]
 
 
+@pytest.mark.parametrize("columns", [80, 120])
+def test_jobs_and_metrics_are_readable_at_80_and_120_columns(home, on_a_tty, columns):
+    """(issue 34) On a common terminal no line is wider than it, a job's name (as long as SageMaker's 63
+    characters) is whole on one line, where it can be copied, and the metrics' first columns are whole."""
+    name = "fine-tune-llama-on-support-tickets-2026-11-27-14-33-56-123"
+    fake_job(name, metrics=[{"step": 7, "loss": 1.5, **{f"metric_number_{i:02d}": 1000.0 + i for i in range(18)}}])
+    for argv in (["jobs"], ["metrics", name]):
+        tty = on_a_tty(argv, {**_tty_env(), "COLUMNS": str(columns)})
+        lines = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty).splitlines()
+        table = [line for line in lines if line[:1] in "╭│├╰┃┏┡└"]  # prose after the table wraps as text does
+        assert table and max(len(line) for line in table) <= columns, (argv, tty)
+        if argv == ["jobs"]:
+            assert any(name in line for line in lines), tty
+        else:
+            header = next(line for line in lines if "step" in line)
+            assert "loss" in header and "metric_number_00" in header, tty
+
+
 def test_store_ls_on_a_terminal_and_piped(tmp_path, bucket, on_a_tty):
     (tmp_path / "f.bin").write_bytes(b"x" * 2048)
     assert main(["store", "put", str(tmp_path / "f.bin"), f"s3://{bucket}/data/f.bin"]) == 0

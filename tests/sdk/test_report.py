@@ -29,7 +29,7 @@ from trainyard.sdk.jobs.jobstate import job_dir, write_json
 
 plotly = pytest.importorskip("plotly", reason="the report needs plotly: pip install 'trainyard[report]'")
 
-PLOTS = ["training", "throughput", "step-time", "communication", "memory", "checkpoints", "timeline"]
+PLOTS = ["metrics", "training", "throughput", "step-time", "communication", "memory", "checkpoints", "timeline"]
 SECTIONS = PLOTS + ["fingerprint", "cost"]
 T0 = datetime(2026, 11, 24, 8, 0, 0, tzinfo=timezone.utc)
 # a reference to anything outside the file, in its HTML (inline scripts' text left out: plotly.js holds URLs in
@@ -186,6 +186,29 @@ def test_an_older_job_draws_what_it_has_and_names_the_rest(tmp_path):
     assert "no checkpoint_blocked_s" in sections["checkpoints"]
     assert 'data-plot="timeline"' in sections["timeline"] and "no HostPhases" in sections["timeline"]
     assert "final loss 1, 3 step rows (steps 1..3)" in page
+
+
+def test_metrics_without_steps_are_drawn_against_time_and_the_step_sections_say_so_once(tmp_path):
+    """(issue 34) The README's quickstart job: its loss comes from metric_definitions (rows of a time and a
+    value, no step). The report drew nothing and showed the same long note in 5 sections."""
+    desc = {"TrainingJobName": "report-quickstart", "TrainingJobStatus": "Completed", "SecondaryStatus": "Completed"}
+    rows = [{"timestamp": T0.timestamp() + 10 * i, "loss": 1.0 / (i + 1)} for i in range(3)]
+    page = open(report.write_report(FakeJob(desc, rows, log=""), str(tmp_path / "q.html")), encoding="utf-8").read()
+    sections = _sections(page)
+    assert 'data-plot="metrics"' in sections["metrics"] and "loss" in sections["metrics"]
+    assert "by their log line" in sections["metrics"]
+    assert page.count("no metrics row has a `step`") == 1  # the training section's, once
+    for key in ("throughput", "step-time", "communication", "memory"):
+        assert "see the first section" in sections[key], key
+
+
+def test_a_scripts_own_step_metrics_are_drawn_and_the_known_ones_stay_in_their_sections(tmp_path):
+    desc = {"TrainingJobName": "report-own", "TrainingJobStatus": "Completed", "SecondaryStatus": "Completed"}
+    rows = [{"step": s, "loss": 3.0 / s, "accuracy": 0.5 + s / 10, "note": "text"} for s in (1, 2, 3)]
+    page = open(report.write_report(FakeJob(desc, rows, log=""), str(tmp_path / "s.html")), encoding="utf-8").read()
+    sections = _sections(page)
+    assert "accuracy (by step)" in sections["metrics"] and "loss (by step)" not in sections["metrics"]
+    assert 'data-plot="training"' in sections["training"]
 
 
 def test_without_plotly_the_error_names_the_extra(monkeypatch, tmp_path):

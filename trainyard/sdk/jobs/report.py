@@ -2,8 +2,10 @@
 `job.report(path)`).
 
 Read from the job handle only: `describe()` (status, times, `SecondaryStatusTransitions`, `HostPhases`,
-`EstimatedCost`), `metrics()` (the rows that have a `step`: loss, lr, grad_norm, throughput, the step's time
-split, communication per mesh dimension, memory, checkpoint stalls; the first `fingerprint`), the spec
+`EstimatedCost`), `metrics()` (first, every number the job wrote that no other section plots, against its step,
+or against its time for rows without one (`metric_definitions` scraped from the log); then the rows that have
+a `step`: loss, lr, grad_norm, throughput, the step's time split, communication per mesh dimension, memory,
+checkpoint stalls; the first `fingerprint`), the spec
 (instance type and count, distribution) and `log_text()` (the trainer's checkpoint lines). Every section
 is drawn from the data that exists; one whose data is missing says what is missing and why. A job with a
 profiler also gets a table of its trace files (name, size, where they are), listed from its
@@ -39,6 +41,11 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove
 STARTUP_ZOOM = 0.2
 NO_STEPS = ("no metrics row has a `step`: the built-in trainer appends one per step to metrics.jsonl; a script "
             "of your own appends rows such as {\"step\": 10, \"loss\": 2.3} to $SM_OUTPUT_DATA_DIR/metrics.jsonl")
+MAX_PANELS = 12  # the metrics section's panels; the others are named
+# what the sections after the metrics one plot from step rows (the metrics section draws the rest)
+PLOTTED = frozenset({"loss", "lr", "grad_norm", "tokens_per_s", "mfu", "tflops_per_device", "compute_s",
+                     "comm_intra_s", "comm_inter_s", "checkpoint_blocked_s", "model_state_bytes", "param_bytes",
+                     "grad_bytes", "optim_bytes", "peak_memory_bytes", "cpu_rss_bytes"})
 _STAGED = re.compile(r"checkpoint step (\d+): staged in ([0-9.]+) s")
 _SAVED = re.compile(r"checkpoint step (\d+) saved to ")
 
@@ -74,8 +81,13 @@ def write_report(job, path: str) -> str:
     rows = job.metrics()
     steps = [r for r in rows if isinstance(r.get("step"), (int, float))]
     p = _Plots(go, make_subplots, steps)
-    sections = [p.training(), p.throughput(), p.step_time(), p.communication(), p.memory(),
-                p.checkpoints(_checkpoint_log(job)), p.timeline(desc), _fingerprint(rows), _cost(desc)]
+    stepped = [p.training(), p.throughput(), p.step_time(), p.communication(), p.memory()]
+    if not steps:  # one note says so (in the training section); the others point to the metrics plotted by time
+        for section in stepped[1:]:
+            section.note = "no step rows: see the first section for the metrics the job has"
+    extra = p.metrics(rows)  # left out when the sections below plot every metric the job has
+    sections = [*([extra] if extra.fig is not None or not rows else []), *stepped, p.checkpoints(_checkpoint_log(job)),
+                p.timeline(desc), _fingerprint(rows), _cost(desc)]
     traces = _profiler_traces(job)
     if traces is not None:  # a job without a profiler has none to list
         sections.append(traces)
@@ -118,6 +130,42 @@ class _Plots:
             fig.update_yaxes(title_text=title, row=i, col=1, **(yformat or {}).get(title, {}))
         fig.update_xaxes(title_text="step", row=len(panels), col=1)
         return _layout(fig, len(panels))
+
+    def metrics(self, rows: list[dict]) -> Section:
+        """Every number the job wrote that no other section plots: a row with a `step` against its step, one
+        without (a `metric_definitions` row, scraped from a log line) against its time. One panel per name."""
+        s = Section("metrics", "Every metric the job wrote")
+        panels: dict[str, tuple[list, list]] = {}
+        for row in rows:
+            step = row.get("step")
+            x = step if isinstance(step, (int, float)) else _utc(row["timestamp"]) if isinstance(
+                row.get("timestamp"), (int, float)) else None
+            for key, value in row.items():
+                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if x is None or key in ("step", "timestamp") or not numeric or (key in PLOTTED and step is not None):
+                    continue
+                xs, ys = panels.setdefault(f"{key} (by step)" if step is not None else key, ([], []))
+                xs.append(x)
+                ys.append(value)
+        if not panels:
+            s.note = ("the job has no metrics rows: metric_definitions scrape them from the log, and a script "
+                      "appends rows to $SM_OUTPUT_DATA_DIR/metrics.jsonl")
+            return s
+        names = sorted(panels)[:MAX_PANELS]
+        fig = self.make_subplots(rows=len(names), cols=1, vertical_spacing=min(0.08, 0.3 / len(names)),
+                                 subplot_titles=names)
+        for i, name in enumerate(names, 1):
+            xs, ys = panels[name]
+            fig.add_trace(self.go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", marker={"size": 4},
+                                          showlegend=False), row=i, col=1)
+            fig.update_xaxes(title_text="step" if name.endswith("(by step)") else "time (UTC)", row=i, col=1)
+        s.fig = _layout(fig, len(names))
+        rest = sorted(panels)[MAX_PANELS:]
+        s.note = " ".join(filter(None, [
+            "Rows without a step (metric_definitions scraped from the log) by their log line's time." if any(
+                not n.endswith("(by step)") for n in names) else "",
+            f"Not drawn ({len(rest)} more): {', '.join(rest)}." if rest else ""]))
+        return s
 
     def training(self) -> Section:
         s = Section("training", "Loss, learning rate, gradient norm")
