@@ -76,5 +76,6 @@ def test_sigterm_to_the_driver_reaches_the_plain_process(tmp_path, monkeypatch):
 
 
 def test_a_module_entry_point_runs_with_dash_m():
-    assert build_plain_command("pkg.train", "module", ["--x", "1"], python="py") == ["py", "-m", "pkg.train", "--x", "1"]
+    assert build_plain_command("pkg.train", "module", ["--x", "1"], python="py") == [
+        "py", "-m", "pkg.train", "--x", "1"]
     assert build_plain_command("train.py", "script", [], python=sys.executable) == [sys.executable, "train.py"]

@@ -1,7 +1,8 @@
-"""The bring-your-own-model example (examples/byom/train.py, the public API only) as an Estimator entry point on
-2 emulated hosts x 2 processes: MiCS p=2 with check_equivalence first, an HF export that from_pretrained loads,
-then a longer run on tensor parallelism 2 that resumes (resharded) from the first run's checkpoint (slow: real
-multi-process jobs)."""
+"""The bring-your-own-model example (examples/byom/train.py, the public API only) as an Estimator entry point: the
+pair of jobs of docs/engine.md (examples/byom/jobs.py: 2 emulated hosts x 2 processes, MiCS p=2 with
+check_equivalence first, an HF export that from_pretrained loads, then tensor parallelism 2 resuming, resharded,
+from the first job's checkpoint), and the same script without a checkpoint location and under context
+parallelism (slow: real multi-process jobs)."""
 import json
 import os
 import re
@@ -28,16 +29,26 @@ def _steps(logs: str) -> list[int]:
     return [int(s) for s in re.findall(r"\] step (\d+) loss [\d.]+", logs)]
 
 
-def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
+def test_the_docs_pair_of_jobs_trains_exports_and_resumes_on_another_layout(tmp_path, monkeypatch):
+    """examples/byom/jobs.py, the pair of jobs docs/engine.md shows (the docs test checks the block is the file;
+    it runs here, once): MiCS p=2 with the equivalence check, then tensor parallelism 2 resuming from step 5."""
+    import runpy
+
     from transformers import AutoModelForCausalLM
 
-    ckpt = "s3://e2e-byom/ckpt"
-    est = _est(3, {"mics": {"partition_group_size": 2}}, ckpt, check=True)
-    est.fit(logs=False)
+    from .helpers import store_client
+
+    s3 = store_client()  # a run before this one on the same store left checkpoints there: this one starts anew
+    if "my-bucket" in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        for obj in s3.list_objects_v2(Bucket="my-bucket", Prefix="byom/").get("Contents", []):
+            s3.delete_object(Bucket="my-bucket", Key=obj["Key"])
+    monkeypatch.chdir(os.path.join(BYOM, "..", ".."))
+    jobs = runpy.run_path(os.path.join(BYOM, "jobs.py"))
+    est, again = jobs["est"], jobs["again"]
     job = est.latest_training_job
     logs = job.log_text()
     assert "EQUIVALENT within" in logs and "NOT EQUIVALENT" not in logs, logs[-3000:]
-    assert _steps(logs) == [1, 2, 3], logs[-3000:]
+    assert _steps(logs) == [1, 2, 3, 4, 5], logs[-3000:]
     assert "resumed from step" not in logs
     # the artifact is a Hugging Face model directory
     files = read_tar(est.model_data)
@@ -48,14 +59,12 @@ def test_byom_script_trains_exports_and_resumes_on_another_layout(tmp_path):
     assert logits.shape == (1, 8, 256) and torch.isfinite(logits).all()
     assert_no_processes_left(job)
 
-    # more steps on the same checkpoint location, now tensor-parallel: resumes after step 3
-    again = _est(5, {"tensor_parallel_degree": 2}, ckpt)
-    again.fit(logs=False)
+    # the second job: the same checkpoint location, tensor-parallel, resumed after step 5
     logs = again.latest_training_job.log_text()
-    assert "resumed from step 3" in logs, logs[-3000:]
-    assert _steps(logs) == [4, 5], logs[-3000:]
+    assert "resumed from step 5" in logs, logs[-3000:]
+    assert _steps(logs) == [6, 7, 8], logs[-3000:]
     resumed = AutoModelForCausalLM.from_pretrained(_extract(read_tar(again.model_data), tmp_path / "again"))
-    assert not torch.equal(resumed.lm_head.weight, model.lm_head.weight)  # trained on from step 3
+    assert not torch.equal(resumed.lm_head.weight, model.lm_head.weight)  # trained on from step 5
     assert_no_processes_left(again.latest_training_job)
 
 

@@ -13,6 +13,7 @@ from trainyard.job.distribution import normalize
 from trainyard.errors import ConfigError
 from trainyard.job.plan import Layout, evaluate, layouts, plan, resolve_model
 from trainyard.job.plan import memory
+from trainyard.parallel.layout import check_cp_pp
 from trainyard.job.plan.hardware import hardware
 from trainyard.parallel.shapes import from_preset
 
@@ -253,6 +254,22 @@ def test_the_plan_of_a_long_sequence_offers_context_parallel_layouts_and_auto_na
         typed(p.layout.distribution(), world_size=8, processes_per_host=8)
     best_cp = next(p for p in result.layouts if p.layout.cp > 1)
     assert f", cp {best_cp.layout.cp}" in summary(best_cp)
+
+
+def test_a_hugging_face_model_is_never_planned_with_context_and_pipeline_parallelism_together(tmp_path):
+    """The engine refuses CP x PP for an HF model (its stages cannot take a rank's chunks): the planner, and so
+    distribution='auto', never proposes it; the built-in model of the same shape gets such layouts."""
+    config = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+              "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    kw = dict(seq_len=8192, global_batch_size=4, instance_type="ml.p4d.24xlarge", instance_count=2)
+    hf = plan(str(tmp_path), **kw)
+    assert {p.layout.cp for p in hf.layouts} > {1} and {p.layout.pp for p in hf.layouts} > {1}
+    assert not [p.layout for p in hf.layouts if p.layout.cp > 1 and p.layout.pp > 1]
+    assert [p.layout for p in plan("llama3-8b", **kw).layouts if p.layout.cp > 1 and p.layout.pp > 1]
+    with pytest.raises(ValueError, match="context_parallel_degree 2 with pipeline_parallel_degree 2: config's"):
+        check_cp_pp(cp=2, pp=2, stages_take_cp=False, model="config")
 
 
 def test_expert_parallelism_spreads_the_experts_and_its_all_to_all_is_waited_for():

@@ -190,8 +190,9 @@ def run_training(launch: Callable[[], tuple[int, RankFailure | None]], host: str
                  metrics_file: str, regexes: list[str],
                  hang_timeout_s: float | None = None) -> tuple[int, RankFailure | None, str]:
     """`launch()` (`run_torchrun`, or `plainrun.run_plain`: their ranks' files under `log_dir`), timed as the
-    `first_step` phase: from here to the first step the watch sees; no step seen, no phase. Where the driver watches its own ranks for hangs (`TRAINYARD_HANG_WATCH=driver`:
-    EC2 nodes), the third value is the hang's diagnosis once the watch fired ("" otherwise)."""
+    `first_step` phase: from here to the first step the watch sees; no step seen, no phase. Where the driver watches
+    its own ranks for hangs (`TRAINYARD_HANG_WATCH=driver`: EC2 nodes), the third value is the hang's diagnosis once
+    the watch fired ("" otherwise)."""
     phases.start(FIRST_STEP)
     marker = os.path.join(log_dir, "first-step")  # the engine creates it after its first step (on every rank)
     if os.path.exists(marker):

@@ -211,8 +211,6 @@ def _canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-
-
 def installed_version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)

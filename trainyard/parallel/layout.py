@@ -47,6 +47,15 @@ def check_cp(*, cp: int, seq_len: int, tp: int = 1) -> None:
                          f"a multiple of {2 * cp * tp // math.gcd(2, tp)}")
 
 
+def check_cp_pp(*, cp: int, pp: int, stages_take_cp: bool, model: str = "the model") -> None:
+    """ValueError unless `model`'s pipeline stages can run on a rank's chunks of the sequence, where both context
+    and pipeline parallelism are on (`ModelShape.pipeline_with_cp`, the engine's `StageSplit.context_parallel`)."""
+    if cp > 1 and pp > 1 and not stages_take_cp:
+        raise ValueError(f"context_parallel_degree {cp} with pipeline_parallel_degree {pp}: {model}'s pipeline stages "
+                         "cannot run on a rank's chunks of the sequence (its positions are set by its own forward, "
+                         "which no stage runs; the built-in model's stages can); set one of them to 1")
+
+
 def check_experts(*, ep: int, tp: int, pp: int, n_experts: int, model: str = "the model") -> None:
     """ValueError naming the field unless a mixture of experts (`n_experts`, 0: dense) fits the layout: expert
     parallelism needs experts and a degree dividing their number; tensor parallelism does not take one yet."""

@@ -78,6 +78,9 @@ class ModelShape:
     top_k: int = 0
     expert_hidden: int = 0
     n_shared_experts: int = 0
+    pipeline_with_cp: bool = True
+    """Whether its pipeline stages run on a rank's chunks of the sequence under context parallelism: the built-in
+    model's do; a Hugging Face model's positions come from its own forward, which no stage runs."""
 
     @property
     def head_dim(self) -> int:
@@ -178,7 +181,7 @@ def from_hf_config(config: dict, name: str) -> ModelShape:
                       n_kv_heads=config.get("num_key_value_heads") or heads, ffn_hidden=ffn, gated_mlp=gated,
                       tied_embeddings=tied,
                       max_seq_len=config.get("max_position_embeddings") or config.get("n_positions"),
-                      head_dim_override=config.get("head_dim"))
+                      head_dim_override=config.get("head_dim"), pipeline_with_cp=False)
 
 
 def from_config(config: ModelConfig, name: str = "model") -> ModelShape:

@@ -32,7 +32,7 @@ from trainyard.engine.components.scaler import GradScaler
 from trainyard.engine.distributed.ac import apply_ac
 from trainyard.engine.distributed.context import refuse_whole_sequences, shard_sequence
 from trainyard.parallel.dims import ParallelDims
-from trainyard.parallel.layout import check_cp
+from trainyard.parallel.layout import check_cp, check_cp_pp
 from trainyard.engine.distributed.materialize import (broadcast_weights, check_materialised, init_by_module,
                                                       is_meta)
 from trainyard.engine.distributed.mics import MiCSConfig, apply_mics, replica_sync, sync_microbatch
@@ -159,10 +159,8 @@ def parallelize(model: nn.Module, spec: ModelSpec, dims: ParallelDims, *, device
     """This rank's part of `model`, parallelised over `dims` (whose mesh is built). `compile`: each block's
     forward (after activation checkpointing, inside MiCS's hooks) goes through torch.compile."""
     mics = mics or MiCSConfig()
-    if dims.cp > 1 and dims.pp > 1 and spec.stages is not None and not spec.stages.context_parallel:
-        raise ValueError(f"context_parallel_degree {dims.cp} with pipeline_parallel_degree {dims.pp}: {spec.name}'s "
-                         "pipeline stages cannot run on a rank's chunks of the sequence (its positions are set by its "
-                         "own forward, which no stage runs; the built-in model's stages can); set one of them to 1")
+    check_cp_pp(cp=dims.cp, pp=dims.pp, stages_take_cp=spec.stages is None or spec.stages.context_parallel,
+                model=spec.name)
     if dims.cp > 1 and spec.apply_cp is None:
         raise ValueError(f"context_parallel_degree {dims.cp}: the engine cannot split the attention of {spec.name} over "
                          "the sequence (context parallelism works for the built-in Transformer so far); set "

@@ -7,7 +7,7 @@ virtual stages), every MiCS partition size dividing the data-parallel degree, fo
 expert-parallel degree dividing both the data-parallel degree and the experts, every micro-batch size dividing
 the per-rank batch, and the three activation checkpointing modes, each with and without CPU offload
 (`mics.cpu_offload`; GPU instances only). Each is checked by the SDK's own checks (`job.distribution.typed`,
-`check_tp`, `check_cp`, `check_experts`, `check_pipeline`), so the planner never proposes a layout `Estimator`
+`check_tp`, `check_cp`, `check_cp_pp`, `check_experts`, `check_pipeline`), so the planner never proposes a layout `Estimator`
 refuses. A layout fits when its GPU memory is under the usable part of the GPU's and, offloaded, its host memory
 under its share of the host's. Ranking: layouts that fit, fastest first (speeds within 1% count as equal and the
 one without context parallelism, then the one needing less memory, wins); then those that do not, least over
@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainyard.parallel.layout import check_cp, check_experts, check_pipeline, check_tp
+from trainyard.parallel.layout import check_cp, check_cp_pp, check_experts, check_pipeline, check_tp
 from trainyard.job.distribution import typed
 from trainyard.job.catalog import LOCAL
 from trainyard.errors import ConfigError
@@ -95,6 +95,7 @@ def _valid(shape: ModelShape, layout: Layout, seq_len: int, world: int, gpus_per
         check_tp(tp=layout.tp, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, ffn_hidden=shape.ffn_hidden,
                  vocab_size=shape.vocab_size, seq_len=seq_len)
         check_cp(cp=layout.cp, seq_len=seq_len, tp=layout.tp)
+        check_cp_pp(cp=layout.cp, pp=layout.pp, stages_take_cp=shape.pipeline_with_cp, model=shape.name)
         check_experts(ep=layout.ep, tp=layout.tp, pp=layout.pp, n_experts=shape.n_experts, model=shape.name)
         if layout.pp > 1:
             check_pipeline(pp=layout.pp, schedule=layout.pipeline_schedule, virtual_stages=layout.virtual_stages,
