@@ -202,6 +202,19 @@ def test_a_save_straight_to_object_storage_marks_the_location_and_the_sync_leave
     assert not (tmp_path / "folder" / ".trainyard-engine-checkpoints.json").exists()
 
 
+def test_a_mark_that_cannot_be_written_does_not_stop_the_save(monkeypatch):
+    from trainyard.engine.components.checkpoint import manager
+
+    def unreachable(uri):
+        raise ConnectionError("the store is down")
+
+    monkeypatch.setattr(manager, "_fs", unreachable)
+    said: list[str] = []
+    manager.mark_direct("s3://nowhere/ckpt-unmarked", said.append)
+    assert said and said[0].startswith("WARNING: s3://nowhere/ckpt-unmarked/.trainyard-engine-checkpoints.json not "
+                                       "written (ConnectionError: the store is down)")
+
+
 def test_checkpoint_keeps_extra_values_and_loads_without_optimizer(engine, tmp_path):
     model = te.transform(ResidualMLP())
     opt = torch.optim.AdamW(model.parameters())

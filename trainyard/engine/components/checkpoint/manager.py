@@ -189,16 +189,19 @@ def newest_verified_step(uri: str, warn=print) -> int | None:
     return None
 
 
-def mark_direct(uri: str) -> None:
+def mark_direct(uri: str, say=print) -> None:
     """Say at the root of an object-storage location that the engine writes its steps there itself (rank 0,
     once per process and location; `contract.DIRECT_CHECKPOINTS`): the driver's checkpoint sync then leaves
     them in the store. Not for a folder: one under /opt/ml/checkpoints reaches the store through the sync,
-    and its steps must come back through it."""
+    and its steps must come back through it. A mark that cannot be written only costs that download."""
     if not is_remote(uri) or uri in _MARKED or (dist.is_initialized() and dist.get_rank() != 0):
         return
-    fs, path = _fs(uri)
-    fs.pipe_file(f"{path.rstrip('/')}/{DIRECT_CHECKPOINTS}", json.dumps({"written_to": uri}).encode())
     _MARKED.add(uri)
+    try:
+        fs, path = _fs(uri)
+        fs.pipe_file(f"{path.rstrip('/')}/{DIRECT_CHECKPOINTS}", json.dumps({"written_to": uri}).encode())
+    except Exception as e:  # noqa: BLE001 - the save goes on; a later sync restores the steps as well
+        say(f"WARNING: {uri}/{DIRECT_CHECKPOINTS} not written ({type(e).__name__}: {e}); the save goes on")
 
 
 _MARKED: set[str] = set()
@@ -220,12 +223,12 @@ class CheckpointManager:
         if blocking:
             t0 = time.perf_counter()
             self.wait()
-            mark_direct(self.uri)
+            mark_direct(self.uri, self.say)
             save_checkpoint(self.uri, step, model, optimizer, scheduler, keep_last=self.keep_last, extra=extra,
                             scaler=scaler)
             return time.perf_counter() - t0
         if self._saver is None:
-            mark_direct(self.uri)
+            mark_direct(self.uri, self.say)
             self._saver = AsyncSaver(self.uri, keep_last=self.keep_last, say=self.say)
         self._saver.keep_last = self.keep_last  # the save's own keep_last, as a blocking save has it
         return self._saver.save(step, model, optimizer, scheduler, extra=extra, scaler=scaler)
