@@ -192,7 +192,8 @@ def aws_configured() -> bool:
     import botocore.session
 
     session = botocore.session.get_session()
-    session.set_config_variable("metadata_service_timeout", 0.5)
+    # whole seconds: botocore makes 0.5 an int, 0, then refuses it, and the refusal read as "configured" here
+    session.set_config_variable("metadata_service_timeout", 1)
     session.set_config_variable("metadata_service_num_attempts", 1)
     try:
         return session.get_credentials() is not None
