@@ -16,6 +16,17 @@ def store_client():
     return ensure_store().client()
 
 
+def empty_prefix(bucket: str, prefix: str) -> None:
+    """Delete the store's objects under `prefix` (if the bucket exists): an example that names a fixed location
+    (s3://my-bucket/...) resumes from what an earlier run on the same store left there."""
+    s3 = store_client()
+    if bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        return
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=obj["Key"])
+
+
 def use_store(monkeypatch) -> None:
     """This test process's s3:// calls go to the embedded store, with its key (as a job's processes do)."""
     from trainyard.sdk.store import ensure_store

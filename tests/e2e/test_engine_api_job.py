@@ -12,7 +12,7 @@ import torch
 
 from trainyard import Estimator
 
-from .helpers import assert_no_processes_left, read_tar
+from .helpers import assert_no_processes_left, empty_prefix, read_tar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -36,12 +36,7 @@ def test_the_docs_pair_of_jobs_trains_exports_and_resumes_on_another_layout(tmp_
 
     from transformers import AutoModelForCausalLM
 
-    from .helpers import store_client
-
-    s3 = store_client()  # a run before this one on the same store left checkpoints there: this one starts anew
-    if "my-bucket" in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-        for obj in s3.list_objects_v2(Bucket="my-bucket", Prefix="byom/").get("Contents", []):
-            s3.delete_object(Bucket="my-bucket", Key=obj["Key"])
+    empty_prefix("my-bucket", "byom/")  # this run starts anew
     monkeypatch.chdir(os.path.join(BYOM, "..", ".."))
     jobs = runpy.run_path(os.path.join(BYOM, "jobs.py"))
     est, again = jobs["est"], jobs["again"]

@@ -12,7 +12,7 @@ import torch
 from trainyard import Estimator
 from trainyard.engine.components.checkpoint import list_steps
 
-from .helpers import assert_no_processes_left, read_tar, unuse_store, use_store
+from .helpers import assert_no_processes_left, empty_prefix, read_tar, unuse_store, use_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -38,13 +38,8 @@ def _close(want: list[float], got: list[float]) -> None:
 
 def test_the_readmes_3d_job_matches_one_process_and_resumes(monkeypatch):
     """examples/parallel3d.py is the README's block (the docs test checks it is the file; it runs here, once)."""
-    from .helpers import store_client
-
-    s3 = store_client()  # an earlier run on the same store left checkpoints: these runs start anew
-    for prefix in ("parallel3d/", "parallel3d-one/"):
-        if "my-bucket" in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-            for obj in s3.list_objects_v2(Bucket="my-bucket", Prefix=prefix).get("Contents", []):
-                s3.delete_object(Bucket="my-bucket", Key=obj["Key"])
+    for prefix in ("parallel3d/", "parallel3d-one/"):  # these runs start anew
+        empty_prefix("my-bucket", prefix)
     est = runpy.run_path(EXAMPLE)["est"]
     job = est.latest_training_job
     logs = job.log_text()
