@@ -142,6 +142,23 @@ def test_the_presets_shapes_count_total_and_active_parameters():
     assert tiny.total_params == sum(p.numel() for p in build_model(TINY).parameters())
 
 
+@pytest.mark.parametrize("config", ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig"])
+def test_the_planner_counts_an_hf_mixture_of_experts_as_built(config):
+    """The shape the planner reads from an HF MoE model (its default config, built on the meta device: no memory)
+    counts its parameters: exactly for Mixtral, within the per-head norms, biases and Qwen2-MoE's shared-expert gate
+    (1.4e-5) for the others; read as dense, Mixtral 8x7B was 7.2B parameters."""
+    import transformers
+
+    from trainyard.parallel.shapes import from_module
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config)())
+    built = sum(p.numel() for p in model.parameters())
+    shape = from_module(model)
+    assert shape.n_experts > 1 and shape.top_k >= 1
+    assert shape.total_params == (built if config == "MixtralConfig" else pytest.approx(built, rel=5e-5))
+
+
 @pytest.mark.parametrize("kw,text", [
     ({"n_experts": 4, "top_k": 5}, "top_k must be an integer in 1..n_experts (4), got 5"),
     ({"n_experts": 4, "capacity_factor": 0}, "capacity_factor must be positive or None (dropless), got 0"),

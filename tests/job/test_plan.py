@@ -47,6 +47,34 @@ def test_hf_config_file_or_folder_reads_as_the_preset(tmp_path):
     assert shape.tied_embeddings and not shape.gated_mlp and shape.total_params == pytest.approx(124.4e6, rel=0.01)
 
 
+def test_an_hf_mixture_of_experts_config_reads_with_its_experts(tmp_path):
+    """Mixtral 8x7B's config.json is the mixtral-8x7b preset (46.7B parameters, 12.9B active), not a 7B dense
+    model; a config some of whose blocks stay dense is refused by name rather than planned as all-MoE."""
+    mixtral = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8,
+               "num_experts_per_tok": 2, "max_position_embeddings": 32768, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(mixtral))
+    shape, preset = resolve_model(str(tmp_path)), from_preset("mixtral-8x7b")
+    assert (shape.n_experts, shape.top_k, shape.expert_hidden) == (8, 2, 14336)
+    assert shape.total_params == preset.total_params and shape.matmul_params == preset.matmul_params
+    assert shape.flops_per_token(4096) == preset.flops_per_token(4096)
+    qwen2 = {**mixtral, "model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+             "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+             "mlp_only_layers": []}
+    del qwen2["num_local_experts"]
+    (tmp_path / "config.json").write_text(json.dumps(qwen2))
+    shape = resolve_model(str(tmp_path))
+    assert (shape.n_experts, shape.top_k, shape.expert_hidden, shape.n_shared_experts) == (60, 4, 1408, 4)
+    for key, value in (("mlp_only_layers", [0, 5]), ("decoder_sparse_step", 2)):
+        (tmp_path / "config.json").write_text(json.dumps({**qwen2, key: value}))
+        with pytest.raises(ConfigError, match=f"{key}=") as e:
+            resolve_model(str(tmp_path))
+        assert e.value.field == "model"
+    (tmp_path / "config.json").write_text(json.dumps({**mixtral, "num_experts_per_tok": 9}))
+    with pytest.raises(ConfigError, match="num_experts_per_tok=9"):
+        resolve_model(str(tmp_path))
+
+
 @pytest.mark.parametrize("model, fragment", [("nope", "neither a built-in preset"), ("", "expected a preset")])
 def test_unknown_model_is_a_config_error(model, fragment):
     with pytest.raises(ConfigError, match=fragment) as e:

@@ -164,7 +164,8 @@ _KEYS = {"dim": ("hidden_size", "n_embd", "d_model"), "n_layers": ("num_hidden_l
 
 
 def from_hf_config(config: dict, name: str) -> ModelShape:
-    """The shape of a Hugging Face causal LM's config (Llama, Mistral, Qwen2 and GPT-2 style keys)."""
+    """The shape of a Hugging Face causal LM's config (Llama, Mistral, Qwen2 and GPT-2 style keys, and the experts of
+    a mixture of experts: Mixtral, Qwen2/3-MoE, OLMoE)."""
     def get(field: str) -> int:
         for key in _KEYS[field]:
             if isinstance(config.get(key), int):
@@ -181,7 +182,38 @@ def from_hf_config(config: dict, name: str) -> ModelShape:
                       n_kv_heads=config.get("num_key_value_heads") or heads, ffn_hidden=ffn, gated_mlp=gated,
                       tied_embeddings=tied,
                       max_seq_len=config.get("max_position_embeddings") or config.get("n_positions"),
-                      head_dim_override=config.get("head_dim"), pipeline_with_cp=False)
+                      head_dim_override=config.get("head_dim"), pipeline_with_cp=False,
+                      **_hf_experts(config, name, ffn))
+
+
+# the keys of a Hugging Face mixture of experts' config: Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# keys under which some blocks keep a dense MLP, with the value that means "none do"
+_DENSE_BLOCK_KEYS = {"mlp_only_layers": [], "decoder_sparse_step": 1, "first_k_dense_replace": 0,
+                     "moe_layer_freq": 1}
+
+
+def _hf_experts(config: dict, name: str, ffn: int) -> dict:
+    """The mixture-of-experts fields of a Hugging Face config ({} for a dense model): routed experts of width
+    `moe_intermediate_size` (Qwen, DeepSeek) or `intermediate_size` (Mixtral, OLMoE), top `num_experts_per_tok`,
+    and the shared experts: `n_shared_experts` of the routed width (DeepSeek) or Qwen2-MoE's one shared expert of
+    `shared_expert_intermediate_size`, counted as that width over the routed one, rounded up (4 for Qwen1.5/2-MoE)."""
+    n = next((config[k] for k in _EXPERT_KEYS if isinstance(config.get(k), int) and config[k] > 0), 0)
+    if not n:
+        return {}
+    for key, dense in _DENSE_BLOCK_KEYS.items():
+        if config.get(key, dense) not in (dense, None):
+            raise ConfigError("model", f"{name}: config.json has {key}={config[key]!r}, a mixture of experts with some "
+                                       "dense blocks; the planner models every block alike (the same experts in each): "
+                                       "plan with a preset or ModelShape of your own")
+    hidden = config.get("moe_intermediate_size") or ffn
+    shared_width = config.get("shared_expert_intermediate_size") or 0
+    shared = config.get("n_shared_experts") or -(-shared_width // hidden)
+    top_k = config.get("num_experts_per_tok")
+    if not isinstance(top_k, int) or not 1 <= top_k <= n:
+        raise ConfigError("model", f"{name}: config.json has {n} experts but num_experts_per_tok={top_k!r}; it needs "
+                                   f"the experts each token goes through, an integer from 1 to {n}")
+    return dict(n_experts=n, top_k=top_k, expert_hidden=hidden, n_shared_experts=int(shared))
 
 
 def from_config(config: ModelConfig, name: str = "model") -> ModelShape:
