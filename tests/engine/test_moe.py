@@ -172,7 +172,7 @@ def test_a_bad_mixture_of_experts_config_is_refused_by_name(kw, text):
 @pytest.mark.parametrize("model,distribution,text", [
     ("tiny", {"expert_parallel_degree": 2}, "expert_parallel_degree 2: tiny is dense (no experts to spread)"),
     ("moe-tiny", {"expert_parallel_degree": 4, "mics": {"partition_group_size": 1}}, None),
-    ("moe-tiny", {"tensor_parallel_degree": 2}, "tensor_parallel_degree 2 with moe-tiny's 4 experts"),
+    ("moe-tiny", {"tensor_parallel_degree": 2, "expert_parallel_degree": 2}, None),
     ("moe-tiny", {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2}, None),
 ])
 def test_the_trainer_checks_experts_against_the_layout_before_anything_starts(model, distribution, text):
@@ -216,12 +216,12 @@ def test_hf_mixtures_of_experts_qualify_by_a_small_run_or_are_refused_by_name(mo
     layout = SimpleNamespace(ep=2)
     with pytest.raises(ValueError, match=r"expert_parallel_degree 2: the engine cannot spread the experts of "
                                          r"GptOssForCausalLM: they are not packed as gate_up_proj / down_proj"):
-        hf_moe.apply_moe(_hf_moe("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=16), None, None,
-                         layout)
+        hf_moe.apply_moe(_hf_moe("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=16), layout, None,
+                         lambda: layout)
     monkeypatch.setattr(hf_moe, "_compute", lambda module, x, counts: torch.zeros_like(x))  # a wrong forward
     with pytest.raises(ValueError, match=r"the engine cannot spread the experts of MixtralForCausalLM: a small "
                                          r"MixtralForCausalLM with Trainyard's experts forward differs from its own"):
-        hf_moe.apply_moe(_hf_moe("mixtral", num_local_experts=4, num_experts_per_tok=2), None, None, layout)
+        hf_moe.apply_moe(_hf_moe("mixtral", num_local_experts=4, num_experts_per_tok=2), layout, None, lambda: layout)
 
 
 class _TwoRanks:
@@ -293,15 +293,15 @@ def test_an_hf_load_balancing_loss_that_cannot_be_counted_over_the_ranks_is_refu
     with pytest.raises(ValueError, match=r"output_router_logits with pipeline_parallel_degree 2: MixtralForCausalLM's "
                                          r"load-balancing loss is computed by its own forward, which no pipeline stage "
                                          r"runs; set output_router_logits=False"):
-        hf_moe.apply_moe(model, SimpleNamespace(pp=2), "group", None)
+        hf_moe.apply_moe(model, SimpleNamespace(pp=2, ep=1), "group", None)
     own = modeling_mixtral.load_balancing_loss_func
-    hf_moe.apply_moe(model, SimpleNamespace(pp=1), None, None)  # one process: nothing changes
+    hf_moe.apply_moe(model, SimpleNamespace(pp=1, ep=1), None, None)  # one process: nothing changes
     assert modeling_mixtral.load_balancing_loss_func is own
     monkeypatch.setattr(modeling_mixtral, "load_balancing_loss_func", lambda g, n, k, m=None: own(g, n, k, m) * 2)
     with pytest.raises(ValueError, match=r"output_router_logits: the engine cannot count MixtralForCausalLM's "
                                          r"load-balancing loss over the ranks' tokens \(its load_balancing_loss_func "
                                          r"differs from Switch Transformer's loss by 5.00e-01"):
-        hf_moe.apply_moe(model, SimpleNamespace(pp=1), "group", None)
+        hf_moe.apply_moe(model, SimpleNamespace(pp=1, ep=1), "group", None)
 
 
 def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
@@ -317,10 +317,11 @@ def test_expert_parallel_groups_are_consecutive_data_parallel_ranks():
         world_size=8, processes_per_host=4)
     assert sorted(cp.ep_groups()) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert cp.expert_replica_groups() == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    with pytest.raises(ValueError, match=r"ep \(2\) with tp 2: expert parallelism composes with MiCS, context and "
-                                         r"pipeline parallelism only so far; set tensor_parallel_degree to 1"):
-        Parallelism.parse({"expert_parallel_degree": 2, "tensor_parallel_degree": 2}).dims(
-            world_size=8, processes_per_host=4)
+    # under tensor parallelism too (each tp rank routes its own sequence shard)
+    tp = Parallelism.parse({"expert_parallel_degree": 2, "tensor_parallel_degree": 2}).dims(
+        world_size=8, processes_per_host=4)
+    assert sorted(tp.ep_groups()) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert tp.expert_replica_groups() == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert Parallelism.parse({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
         "expert_parallel_degree": 2}}}}).ep == 2
 
@@ -377,12 +378,13 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
 @pytest.mark.timeout(600)
 def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_degrees(tmp_path):
     """2 hosts x 2: EP 2 x MiCS p=2 (2 copies of each expert, one per ep group; the dense parts in 2 partition
-    groups of 2), EP 4, PP 2 x EP 2, EP 2 x CP 2, an HF Qwen3-MoE under EP 2 x MiCS with its own load-balancing loss (counted
-    over the 4 ranks' tokens); an HF model's load-balancing loss under pipeline parallelism is refused; checkpoints saved on EP 2 resume on EP 1 and
+    groups of 2), EP 4, PP 2 x EP 2, EP 2 x CP 2, EP 2 x TP 2 and TP 2 x MiCS (resumed from it), an HF Qwen3-MoE under EP 2 x MiCS with its own load-balancing loss (counted
+    over the 4 ranks' tokens); an HF model's load-balancing loss under pipeline parallelism and its experts under
+    tensor parallelism are refused; checkpoints saved on EP 2 resume on EP 1 and
     the reverse, on the uninterrupted curve."""
     from .launch import run_on_two_hosts
 
-    on2, on1 = str(tmp_path / "saved-on-ep2"), str(tmp_path / "saved-on-ep1")
+    on2, on1, on_tp = (str(tmp_path / f"saved-on-{name}") for name in ("ep2", "ep1", "ep2-tp2"))
     mics = {"mics": {"partition_group_size": 2}}
     cases = [dict(name="ep2-mics-p2", distribution={"expert_parallel_degree": 2, **mics}, microbatches=2, save=on2),
              dict(name="ep1-resumed-from-ep2", distribution=mics, microbatches=2, resume=on2),
@@ -398,11 +400,23 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
              # each host's 2 ranks split the sequences (cp innermost); an ep group spans the hosts at one cp index
              dict(name="ep2-cp2", distribution={"expert_parallel_degree": 2, "context_parallel_degree": 2},
                   microbatches=2),
-             # an HF model's own load-balancing loss is computed by a forward no pipeline stage runs
+             # tensor parallelism inside each host: each rank routes its sequence shard, the experts spread over the
+             # hosts (ep 2), or whole on every rank (ep 1) with the rest in MiCS groups of 2 spanning the hosts; the
+             # second resumes the first's checkpoint (the same 2 data-parallel ranks: the same micro-batches)
+             dict(name="ep2-tp2", distribution={"expert_parallel_degree": 2, "tensor_parallel_degree": 2},
+                  microbatches=2, save=on_tp),
+             dict(name="tp2-mics-p2-resumed-from-ep2-tp2", distribution={"tensor_parallel_degree": 2, **mics},
+                  microbatches=2, resume=on_tp),
+             # an HF model's own load-balancing loss is computed by a forward no pipeline stage runs; its experts
+             # take no tensor parallelism
              dict(name="hf-mixtral-pp2", hf="mixtral", refused=True, distribution={"pipeline_parallel_degree": 2},
-                  microbatches=2)]
+                  microbatches=2),
+             dict(name="hf-mixtral-tp2", hf="mixtral", refused=True,
+                  distribution={"tensor_parallel_degree": 2, "expert_parallel_degree": 2}, microbatches=1)]
     results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2)
     assert results.pop("hf-mixtral-pp2").startswith("output_router_logits with pipeline_parallel_degree 2: "
                                                     "MixtralForCausalLM's load-balancing loss")
-    cases.pop()
+    assert results.pop("hf-mixtral-tp2").startswith("tensor_parallel_degree 2 with MixtralForCausalLM's 4 experts: "
+                                                    "a Hugging Face mixture of experts has no tensor-parallel plan")
+    del cases[-2:]
     _assert_exact(results, [c["name"] for c in cases])

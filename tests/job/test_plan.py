@@ -326,4 +326,14 @@ def test_expert_parallelism_spreads_the_experts_and_its_all_to_all_is_waited_for
                   instance_count=2)
     eps = {p.layout.ep for p in result.layouts}
     assert eps == {1, 2, 4, 8} and any(p.layout.pp > 1 and p.layout.ep > 1 for p in result.layouts)
-    assert {p.layout.tp for p in result.layouts} == {1}  # a mixture of experts takes no tensor parallelism yet
+    # the built-in mixture of experts takes tensor parallelism: attention (and any shared expert) split, the routed
+    # experts whole on the rank (n_experts / ep of them), outside MiCS, and their gradients summed over tp
+    assert any(p.layout.tp > 1 and p.layout.ep > 1 for p in result.layouts)
+    tp2 = dataclasses.replace(base, dp=8, tp=2)
+    whole = memory.estimate(shape, tp2, 4096).parameters
+    assert whole == round((shape.n_layers * ((shape.block_matrix_params - shape.block_expert_params) / 2
+                                             + 2 * shape.dim) + root / 2 + shape.dim / 2) * 4
+                          + shape.n_layers * shape.block_expert_params * 4)
+    hf = dataclasses.replace(shape, experts_with_tp=False)  # a Hugging Face one does not (from_hf_config)
+    result = plan(hf, seq_len=4096, global_batch_size=16, instance_type="ml.p4d.24xlarge", instance_count=2)
+    assert {p.layout.tp for p in result.layouts} == {1} and {p.layout.ep for p in result.layouts} == {1, 2, 4, 8}

@@ -15,6 +15,7 @@ from trainyard.engine.components.formats import TOKEN_DTYPES, check_location_for
 from trainyard.parallel.layout import check_cp, check_experts, check_pipeline, check_tp
 from trainyard.parallel.parallelism import Parallelism
 from trainyard.parallel.presets import MODEL_CONFIGS
+from trainyard.parallel.shapes import from_config
 from trainyard.errors import did_you_mean
 
 KERNEL_MODES = ("off", "eager", "eager-chunked", "triton", "auto")  # what models/fused.py's MODES take
@@ -232,7 +233,7 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
                 f"micro_batch_size to {max(1, cfg.global_batch_size // (dp * s))} or change global_batch_size")
     if cfg.model in MODEL_CONFIGS:
         mcfg = MODEL_CONFIGS[cfg.model]
-        check_tp(tp=par.tp, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads, ffn_hidden=mcfg.ffn_hidden,
+        check_tp(tp=par.tp, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads, ffn_hidden=from_config(mcfg).tp_mlp_hidden,
                  vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
         check_experts(ep=par.ep, tp=par.tp, pp=par.pp, n_experts=mcfg.n_experts, model=cfg.model)
     check_cp(cp=par.cp, seq_len=cfg.seq_len, tp=par.tp)

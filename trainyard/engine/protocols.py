@@ -8,7 +8,8 @@ about a model family, so that model code stays parallel-agnostic and `paralleliz
     check_tp(model, tp)    ValueError naming the dimension a degree does not divide (heads, widths)
     apply_cp(model, mesh)  context parallelism: the model runs on its rank's zig-zag chunks of each sequence
                            (exact attention over the whole sequence); None: its attention cannot be split
-    apply_moe(model, dims, group, layout)  a mixture of experts' balance group and expert parallelism
+    apply_moe(model, dims, group, layout)  a mixture of experts' balance group and expert parallelism (`layout()`
+                           makes the `ExpertLayout` its experts take, a collective: called alike on every rank)
     stages                 how to cut the model into pipeline stages (None: no pipeline parallelism)
     init_module(model)     a function filling one module's own parameters and buffers (HF `_init_weights`,
                            `reset_parameters`), used for models built on the meta device; None when the

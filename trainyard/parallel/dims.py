@@ -80,9 +80,6 @@ class ParallelDims:
                 fits = [d for d in range(1, self.dp + 1) if self.dp % d == 0]
                 raise ValueError(f"ep ({self.ep}) must divide the data-parallel degree {self.dp}: the experts are spread "
                                  f"over groups of ep data-parallel ranks; choose one of {fits}")
-            if self.tp > 1:
-                raise ValueError(f"ep ({self.ep}) with tp {self.tp}: expert parallelism composes with MiCS, context and "
-                                 "pipeline parallelism only so far; set tensor_parallel_degree to 1")
         g = self.dp_shard * self.cp * self.tp
         if pph % g and g % pph:
             cp = f" x cp {self.cp}" if self.cp > 1 else ""
@@ -146,16 +143,18 @@ class ParallelDims:
         return self._by_dp(lambda dp: dp // self.ep)
 
     def expert_replica_groups(self) -> list[list[int]]:
-        """The ranks that hold the same experts (the same index in their ep groups, at every cp index): their
-        expert gradients are summed, as the data- and context-parallel reduction does for the rest of the model."""
-        return self._by_dp(lambda dp: dp % self.ep, by_cp=False)
+        """The ranks that hold the same experts (the same index in their ep groups, at every cp and tp index: each
+        of those routes its own tokens, a chunk or a sequence-parallel shard of the rows): their expert gradients
+        are summed, as the data- and context-parallel reduction does for the rest of the model."""
+        return self._by_dp(lambda dp: dp % self.ep, across=True)
 
-    def _by_dp(self, key, by_cp: bool = True) -> list[list[int]]:
+    def _by_dp(self, key, across: bool = False) -> list[list[int]]:
+        """Ranks grouped by pipeline stage and `key(data-parallel index)`, and unless `across`, by cp and tp index."""
         groups: dict = {}
         for r in range(self.world_size):
             c = self.coords(r)
-            groups.setdefault((c["pp"], c["cp"] if by_cp else 0, c["tp"], key(c["dp"])), []).append(
-                (c["dp"], c["cp"], r))
+            where = (0, 0) if across else (c["cp"], c["tp"])
+            groups.setdefault((c["pp"], *where, key(c["dp"])), []).append((c["dp"], c["cp"], c["tp"], r))
         return [[r for *_, r in sorted(members)] for _, members in sorted(groups.items())]
 
     def replicate_groups(self) -> list[list[int]]:

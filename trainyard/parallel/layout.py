@@ -19,9 +19,10 @@ import math
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
-def check_tp(*, tp: int, n_heads: int, n_kv_heads: int, ffn_hidden: int, vocab_size: int,
+def check_tp(*, tp: int, n_heads: int, n_kv_heads: int, ffn_hidden: int | None, vocab_size: int,
              seq_len: int | None = None) -> None:
-    """ValueError unless every dimension tensor parallelism splits is a multiple of `tp`."""
+    """ValueError unless every dimension tensor parallelism splits is a multiple of `tp` (`ffn_hidden`: the MLP
+    width it splits, None where none is: `ModelShape.tp_mlp_hidden`)."""
     if tp == 1:
         return
     for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("ffn_hidden", ffn_hidden),
@@ -56,9 +57,11 @@ def check_cp_pp(*, cp: int, pp: int, stages_take_cp: bool, model: str = "the mod
                          "which no stage runs; the built-in model's stages can); set one of them to 1")
 
 
-def check_experts(*, ep: int, tp: int, pp: int, n_experts: int, model: str = "the model") -> None:
+def check_experts(*, ep: int, tp: int, pp: int, n_experts: int, model: str = "the model",
+                  experts_with_tp: bool = True) -> None:
     """ValueError naming the field unless a mixture of experts (`n_experts`, 0: dense) fits the layout: expert
-    parallelism needs experts and a degree dividing their number; tensor parallelism does not take one yet."""
+    parallelism needs experts and a degree dividing their number; tensor parallelism takes the built-in mixture of
+    experts (`experts_with_tp`, `ModelShape.experts_with_tp`), not a Hugging Face one."""
     if ep > 1 and not n_experts:
         raise ValueError(f"expert_parallel_degree {ep}: {model} is dense (no experts to spread); choose a "
                          "mixture-of-experts model (e.g. the moe-tiny or mixtral-8x7b preset) or set "
@@ -66,10 +69,15 @@ def check_experts(*, ep: int, tp: int, pp: int, n_experts: int, model: str = "th
     if n_experts and n_experts % ep:
         raise ValueError(f"expert_parallel_degree {ep} must divide the number of experts {n_experts} of {model}; "
                          f"choose a divisor of {n_experts}")
-    if n_experts and tp > 1:
-        raise ValueError(f"tensor_parallel_degree {tp} with {model}'s {n_experts} experts: a mixture of experts has no "
-                         "tensor-parallel plan yet; set tensor_parallel_degree to 1 (spread the experts with "
-                         "expert_parallel_degree)")
+    if n_experts and tp > 1 and not experts_with_tp:
+        raise ValueError(TP_WITH_HF_EXPERTS.format(tp=tp, model=model, n=n_experts))
+
+
+# a Hugging Face mixture of experts under tensor parallelism (the engine's HF MoE and the planner refuse it alike)
+TP_WITH_HF_EXPERTS = ("tensor_parallel_degree {tp} with {model}'s {n} experts: a Hugging Face mixture of experts has "
+                      "no tensor-parallel plan here (its attention's plan leaves every rank the whole sequence, so the "
+                      "experts would see each token tp times); set tensor_parallel_degree to 1 and spread the experts "
+                      "with expert_parallel_degree (the built-in mixture of experts takes both)")
 
 
 def stage_layers(n_layers: int, stages: int, split: list[int] | None = None) -> list[list[int]]:

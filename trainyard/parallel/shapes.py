@@ -81,6 +81,9 @@ class ModelShape:
     pipeline_with_cp: bool = True
     """Whether its pipeline stages run on a rank's chunks of the sequence under context parallelism: the built-in
     model's do; a Hugging Face model's positions come from its own forward, which no stage runs."""
+    experts_with_tp: bool = True
+    """Whether its mixture of experts takes tensor parallelism (the built-in one's tokens stay sequence-parallel
+    shards, each rank routing its own; a Hugging Face one's is refused)."""
 
     @property
     def head_dim(self) -> int:
@@ -106,6 +109,19 @@ class ModelShape:
             return (self.attention_params + (self.n_experts + self.n_shared_experts) * self.expert_params
                     + self.dim * self.n_experts)
         return self.attention_params + (3 if self.gated_mlp else 2) * self.dim * self.ffn_hidden
+
+    @property
+    def tp_mlp_hidden(self) -> int | None:
+        """The MLP width tensor parallelism splits: the dense MLP's, or a mixture of experts' shared experts' (None
+        without: its routed experts stay whole on a rank)."""
+        if self.n_experts:
+            return self.n_shared_experts * self.expert_hidden or None
+        return self.ffn_hidden
+
+    def experts_held_whole(self, *, ep: int, tp: int) -> bool:
+        """Whether a rank holds its n_experts / ep experts whole, outside MiCS's sharding: under expert
+        parallelism, and under tensor parallelism (whose ranks route their own tokens through every expert)."""
+        return bool(self.n_experts) and (ep > 1 or tp > 1)
 
     @property
     def block_expert_params(self) -> int:
@@ -182,7 +198,7 @@ def from_hf_config(config: dict, name: str) -> ModelShape:
                       n_kv_heads=config.get("num_key_value_heads") or heads, ffn_hidden=ffn, gated_mlp=gated,
                       tied_embeddings=tied,
                       max_seq_len=config.get("max_position_embeddings") or config.get("n_positions"),
-                      head_dim_override=config.get("head_dim"), pipeline_with_cp=False,
+                      head_dim_override=config.get("head_dim"), pipeline_with_cp=False, experts_with_tp=False,
                       **_hf_experts(config, name, ffn))
 
 

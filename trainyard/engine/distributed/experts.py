@@ -10,9 +10,12 @@ parameters alone (`ignored_params`).
 
 Gradients: a rank's expert gradient is the sum of what every rank of its ep group sent it (all-to-all's backward
 carries each source's loss back). `reduce_expert_grads` sums that over the ranks holding the same experts
-(`expert_replica_groups`: one rank per ep group, at every context-parallel index) and divides by the data-parallel
-x context-parallel degree: the mean over the ranks whose losses the step averages, as MiCS's reduction gives every
-other gradient. It runs after a step's last micro-batch.
+(`expert_replica_groups`: one rank per ep group, at every context- and tensor-parallel index) and divides by the
+data-parallel x context-parallel degree: the mean over the ranks whose losses the step averages, as MiCS's reduction
+gives every other gradient. The tensor-parallel ranks are summed, not averaged: they share one loss, and each routes
+its own sequence-parallel shard of the rows (the built-in model's plan, `models/llama/tp_plan.py`), so that with
+tensor parallelism the experts take this layout even with ep 1 (held whole on every rank). It runs after a step's
+last micro-batch.
 
 `balance_group`: the ranks whose tokens make one micro-batch (those of one pipeline stage: every data-parallel
 and context-parallel rank of it), over which the load-balancing loss counts its assignments.
@@ -103,8 +106,8 @@ _LAYOUTS: dict = {}
 
 def expert_layout(dims: ParallelDims, device_type: str) -> ExpertLayout:
     """This rank's expert-parallel groups (a collective the first time for a layout: every rank calls it)."""
-    key = (device_type, dims.world_size, dims.processes_per_host, dims.dp_replicate, dims.dp_shard, dims.cp, dims.pp,
-           dims.ep)
+    key = (device_type, dims.world_size, dims.processes_per_host, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp,
+           dims.pp, dims.ep)
     world = dist.group.WORLD
     held = _LAYOUTS.get(key)
     if held is not None and held[0] is world:

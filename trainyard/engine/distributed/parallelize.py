@@ -218,12 +218,18 @@ def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: tor
                              "built-in model with n_experts > 0 and Hugging Face mixtures of experts have them); set "
                              "expert_parallel_degree to 1")
         return None
-    if dims.ep > 1 and layout is None:
-        layout = expert_layout(dims, device.type)
+    made = [layout]
+
+    def make() -> ExpertLayout:  # the spec asks for it where its experts take one (all ranks alike)
+        if made[0] is None:
+            made[0] = expert_layout(dims, device.type)
+        return made[0]
+
     balance = None
     if dist.is_initialized() and dims.world_size > 1:
-        balance = dist.group.WORLD if dims.pp == dims.tp == 1 else stage_data_group(dims)
-    layers = spec.apply_moe(part, dims, balance, layout if dims.ep > 1 else None)
+        balance = dist.group.WORLD if dims.pp == 1 else stage_data_group(dims)
+    layers = spec.apply_moe(part, dims, balance, make)
+    layout = made[0]
     if dims.ep > 1 and not layers:
         raise ValueError(f"expert_parallel_degree {dims.ep}: {spec.name} has no mixture-of-experts layers (a dense "
                          "model); set expert_parallel_degree to 1")
@@ -231,13 +237,14 @@ def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: tor
 
 
 def stage_data_group(dims: ParallelDims):
-    """The data- and context-parallel ranks of this rank's pipeline stage and tensor-parallel index: the ranks whose
-    tokens make one micro-batch of the stage (a collective the first time: the mesh's flattened dimension)."""
-    name = "dp_cp_of_stage"
+    """The data-, context- and tensor-parallel ranks of this rank's pipeline stage: the ranks whose tokens make one
+    micro-batch of the stage (tensor-parallel ranks route their sequence shards; a collective the first time: the
+    mesh's flattened dimension)."""
+    name = "dp_cp_tp_of_stage"
     try:
         return dims.mesh[name].get_group()
     except KeyError:
-        return dims.mesh["dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp"]._flatten(name).get_group()
+        return dims.mesh["dp_replicate", "dp_shard_inter", "dp_shard_intra", "cp", "tp"]._flatten(name).get_group()
 
 
 def apply_compile(blocks: list[nn.Module]) -> None:

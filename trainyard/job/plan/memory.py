@@ -8,8 +8,9 @@ parallelism, pipeline stages, activation checkpointing). Bytes, by what holds th
 - activations: what backward needs of the micro-batches in flight (one without a pipeline; the schedule's
   warm-up depth with one), from the built-in block's saved tensors (`per_layer_bytes`), split over tp; under
   context parallelism for the rank's seq_len / cp tokens, plus the ring's float32 output.
-- expert parallelism: the rank's n_experts / ep experts of every block are held whole (16 bytes per parameter:
-  MiCS leaves them alone), the rest of the block as above.
+- expert parallelism, or tensor parallelism of a mixture of experts: the rank's n_experts / ep experts of every
+  block are held whole (16 bytes per parameter: MiCS leaves them alone, tp does not split them), the rest of the
+  block as above.
 - buffers: transient copies: two gathered blocks (the one computing and the one prefetched) in the compute
   dtype, the root (embedding, final norm, head) gathered for the whole step, and at the loss (last stage) the
   logits, the saved fp32 log-softmax, its fp32 gradient and that gradient in the compute dtype.
@@ -129,8 +130,8 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, *, fused_optimizer
     p, tp, pp = layout.partition_group_size * layout.cp, layout.tp, layout.pp
     layers = shape.n_layers // pp
     block = shape.block_matrix_params / tp + 2 * shape.dim
-    # expert parallelism: a rank holds n_experts / ep of each block's experts whole (MiCS leaves them alone)
-    experts = shape.block_expert_params / layout.ep if layout.ep > 1 else 0.0
+    # expert (or tensor) parallelism: a rank holds n_experts / ep of each block's experts whole (MiCS leaves them alone)
+    experts = shape.block_expert_params / layout.ep if shape.experts_held_whole(ep=layout.ep, tp=tp) else 0.0
     if experts:
         block -= shape.block_expert_params / tp
     tokens = layout.micro_batch_size * seq_len // layout.cp

@@ -92,7 +92,8 @@ def _stage_params(shape: ModelShape, layout: Layout) -> float:
     """Parameters of an average rank that MiCS shards: its blocks' matrices over tp (without the experts that
     expert parallelism spreads), their norms, its share of the root."""
     layers = shape.n_layers // layout.pp
-    matrices = shape.block_matrix_params - (shape.block_expert_params if layout.ep > 1 else 0)
+    whole = shape.experts_held_whole(ep=layout.ep, tp=layout.tp)
+    matrices = shape.block_matrix_params - (shape.block_expert_params if whole else 0)
     return layers * (matrices / layout.tp + 2 * shape.dim) + \
         (shape.embedding_params + shape.head_params) / (layout.tp * layout.pp)
 
@@ -119,11 +120,11 @@ def _sharding_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardw
     if r > 1:
         traffic.add(2 * 4 * params / p * (r - 1) / r, inter=_crosses_hosts(r, p * tp, gph, hosts), hw=hw)
     ep = layout.ep
-    if ep > 1 and layout.dp > ep:  # the spread experts' fp32 gradients, over the ranks holding the same ones
-        holders = layout.dp // ep
+    holders = layout.dp // ep * layout.cp * tp  # the ranks holding the same experts (each routes its own tokens)
+    if shape.experts_held_whole(ep=ep, tp=tp) and holders > 1:  # their fp32 gradients, summed over those ranks
         spread = shape.n_layers // layout.pp * shape.block_expert_params / ep
         traffic.add(2 * 4 * spread * (holders - 1) / holders,
-                    inter=_crosses_hosts(holders, ep * tp * layout.cp, gph, hosts), hw=hw)
+                    inter=_crosses_hosts(layout.dp // ep, ep * tp * layout.cp, gph, hosts), hw=hw)
     if layout.cp > 1:  # the ring, per layer and micro-batch, behind the attention blocks it feeds
         cp, c = layout.cp, COMPUTE_BYTES[layout.precision]
         kv = 2 * layout.micro_batch_size * seq_len // cp * shape.kv_dim / tp  # keys and values, elements
@@ -144,11 +145,14 @@ def _waited_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardwar
     traffic = _Traffic()
     if layout.ep > 1:  # a mixture of experts' dispatch and combine, forward and backward (uniform routing)
         ep, recompute = layout.ep, RECOMPUTED[layout.activation_checkpointing]
-        rows = mb_tokens * shape.top_k * (ep - 1) / ep
+        rows = mb_tokens / tp * shape.top_k * (ep - 1) / ep  # under tp a rank routes its sequence-parallel shard
         traffic.add(m * (shape.n_layers // pp) * (4 + 2 * recompute) * rows * shape.dim * c,
                     inter=_crosses_hosts(ep, tp * layout.cp, hw.gpus_per_host, hosts), hw=hw)
     if tp > 1:
-        calls = 8 + 4 * RECOMPUTED[layout.activation_checkpointing]
+        # gather and reduce-scatter around attention and the MLP; a mixture of experts' routed experts take the
+        # sequence-parallel shards as they are (its shared experts are split like an MLP)
+        split = 2 if shape.n_experts and not shape.n_shared_experts else 4
+        calls = 2 * split + split * RECOMPUTED[layout.activation_checkpointing]
         layers = shape.n_layers // pp
         traffic.add(m * layers * calls * mb_tokens * shape.dim * c * (tp - 1) / tp, inter=False, hw=hw)
     if pp > 1:

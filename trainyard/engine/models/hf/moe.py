@@ -2,7 +2,7 @@
 Qwen2-MoE's, Qwen3-MoE's: `gate_up_proj` (experts, 2 x hidden, dim), `down_proj` (experts, dim, hidden), an
 `act_fn`, called as `experts(hidden_states, top_k_index, top_k_weights)` by the model's own sparse MoE block).
 
-`apply_moe(model, dims, balance_group, layout)` with an `ExpertLayout` spreads each such module's experts over the ep
+`apply_moe(model, dims, balance_group, layout)` under expert parallelism (`layout()`: the `ExpertLayout`) spreads each such module's experts over the ep
 group (DTensor `Shard(0)`, as the built-in model's: distributed/experts.py) and gives the module a forward that
 sends every assignment to its expert's rank and back (`dispatch`), then weighs and sums the results as the
 module's own forward does. The router, the shared experts and everything else stay the model's own code.
@@ -204,6 +204,7 @@ def apply_moe(model: nn.Module, dims, balance_group, layout) -> int:
     cfg = model.config
     if getattr(cfg, "output_router_logits", False):
         _global_aux(model, dims, balance_group)
+    layout = layout() if dims.ep > 1 else None
     if layout is not None and not modules and any(getattr(cfg, k, None) for k in EXPERT_COUNTS):
         raise ValueError(f"expert_parallel_degree {layout.ep}: the engine cannot spread the experts of "
                          f"{type(model).__name__}: they are not packed as gate_up_proj / down_proj SwiGLUs with the "

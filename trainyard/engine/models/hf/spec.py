@@ -28,7 +28,8 @@ from trainyard.engine.distributed.pipeline import cut_stage
 from trainyard.engine.models.generic import blocks_by_class
 from trainyard.engine.models.hf.cp import apply_cp
 from trainyard.engine.models.hf.families import unverified_note
-from trainyard.engine.models.hf.moe import apply_moe
+from trainyard.engine.models.hf.moe import EXPERT_COUNTS, apply_moe, experts_modules
+from trainyard.parallel.layout import TP_WITH_HF_EXPERTS
 from trainyard.engine.models.hf.selfcheck import once_per_rank0, small_config
 from trainyard.engine.protocols import ModelSpec, StageSplit
 
@@ -55,6 +56,9 @@ def tp_plan(model: nn.Module) -> dict | None:
 
 def check_tp(model: nn.Module, tp: int) -> None:
     cfg = _config(model)
+    experts = next((getattr(cfg, k) for k in EXPERT_COUNTS if isinstance(getattr(cfg, k, None), int)), 0)
+    if experts or experts_modules(model):
+        raise ValueError(TP_WITH_HF_EXPERTS.format(tp=tp, model=type(model).__name__, n=experts or "packed"))
     for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
         value = getattr(cfg, key, None)
         if isinstance(value, int) and value % tp:

@@ -94,6 +94,9 @@ class MoE(nn.Module):
         # auxiliary-loss-free balancing's bias: state (checkpointed), moved by balance() only
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts))
         self.ep: ExpertGroup | None = None  # expert parallelism (apply_moe)
+        # tensor parallelism: the rank routes its sequence-parallel shard, one of `token_shards` of the rows (the
+        # router's gradient is summed over them: each shard's load-balancing term weighs 1 / token_shards)
+        self.token_shards = 1
         self.balance_group: dist.ProcessGroup | None = None  # the ranks whose tokens make a micro-batch
         # the statistics stay on the device the forward runs on (read by router_stats and balance, not per layer)
         self.step_load: torch.Tensor | None = None  # global assignments per expert since the last balance()
@@ -149,7 +152,7 @@ class MoE(nn.Module):
         if self.aux_loss_coef:
             f = (global_counts / (global_tokens * self.top_k)).to(probs.dtype)
             aux = self.aux_loss_coef * self.n_experts * (f * probs.mean(0)).sum()
-            out = _AddAux.apply(out, aux)
+            out = _AddAux.apply(out, aux / self.token_shards if self.token_shards > 1 else aux)
         if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:  # not a recompute in backward
             self.load = global_counts if self.load is None else self.load + global_counts
             self.step_load = global_counts if self.step_load is None else self.step_load + global_counts
@@ -168,14 +171,20 @@ class MoE(nn.Module):
 
 
 def apply_moe(model: nn.Module, dims, balance_group: dist.ProcessGroup | None, layout) -> int:
-    """Set every MoE layer's balance group and, with an `ExpertLayout` (engine/distributed/experts.py), spread its
-    experts over the ep group. Returns the number of MoE layers."""
+    """Set every MoE layer's balance group and its token shards (the tp degree: `tp_plan.py` hands it the rank's
+    sequence shard); under expert or tensor parallelism, put its experts in the `ExpertLayout` that `layout()`
+    makes (engine/distributed/experts.py): spread over the ep group, or held whole outside MiCS with ep 1 (the
+    tensor-parallel ranks' gradients of them are summed there). Returns the number of MoE layers."""
     layers = moe_layers(model)
+    # alike on every rank (a collective): by the config, which every stage has, not by the layers a stage holds
+    spread = layout() if model.config.n_experts and (dims.ep > 1 or dims.tp > 1) else None
     for m in layers:
         m.balance_group = balance_group
-        if layout is not None:
-            shard_experts(m.experts, ("w1", "w2", "w3"), layout)
-            m.ep = ExpertGroup(group=layout.ep_group, size=layout.ep, rank=layout.ep_rank)
+        m.token_shards = dims.tp
+        if spread is not None:
+            shard_experts(m.experts, ("w1", "w2", "w3"), spread)
+            if spread.ep > 1:
+                m.ep = ExpertGroup(group=spread.ep_group, size=spread.ep, rank=spread.ep_rank)
     return len(layers)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from trainyard.parallel.layout import check_tp
+from trainyard.parallel.shapes import from_config
 from trainyard.engine.models.llama.cp import apply_cp
 from trainyard.engine.models.llama.model import Transformer, init_weights
 from trainyard.engine.models.llama.moe import apply_moe
@@ -17,11 +18,7 @@ from trainyard.engine.protocols import ModelSpec, StageSplit
 
 def _check_tp(model: Transformer, tp: int) -> None:
     cfg = model.config
-    if cfg.n_experts:
-        raise ValueError(f"tensor_parallel_degree {tp}: the built-in mixture of experts ({cfg.n_experts} experts) has "
-                         "no tensor-parallel plan yet; set tensor_parallel_degree to 1 and spread the experts with "
-                         "expert_parallel_degree")
-    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=cfg.ffn_hidden,
+    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=from_config(cfg).tp_mlp_hidden,
              vocab_size=cfg.vocab_size)
 
 

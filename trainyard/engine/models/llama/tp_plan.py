@@ -13,6 +13,12 @@
   vocabulary, and `loss_context()` computes the cross-entropy on the shards (a max and a sum-exp
   all-reduce per token), never gathering the full logits.
 
+A mixture of experts (`moe.py`) takes the sequence shard as it is: each rank routes its own tokens (the experts,
+whole on the rank or spread by expert parallelism, see every token of the rank's shard once). The router is
+replicated with its gradient summed over the group (each rank's is that of its tokens), the shared experts are
+split like the MLP around a gather and a reduce-scatter of the rank's tokens, and the load-balancing loss counts
+the group's tokens (engine/distributed/experts.py).
+
 Missing pieces (a pipeline stage without the embedding or the head) are skipped.
 """
 from __future__ import annotations
@@ -24,14 +30,16 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
                                                loss_parallel, parallelize_module)
 
+from trainyard.engine.models.llama.moe import MoE
 from trainyard.parallel.layout import check_tp
+from trainyard.parallel.shapes import from_config
 
 
 def apply_tp(model: nn.Module, tp_mesh, *, seq_len: int | None = None) -> nn.Module:
     """Shard `model` (a `Transformer` or a pipeline stage of one) over the 1-D `tp_mesh`, in place."""
     tp = tp_mesh.size()
     cfg = model.config
-    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=cfg.ffn_hidden,
+    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=from_config(cfg).tp_mlp_hidden,
              vocab_size=cfg.vocab_size, seq_len=seq_len)
     if tp == 1:
         return model
@@ -60,8 +68,23 @@ def apply_tp(model: nn.Module, tp_mesh, *, seq_len: int | None = None) -> nn.Mod
         "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     }
+    moe_plan = {k: v for k, v in block_plan.items() if not k.startswith("feed_forward")} | {
+        # the rank's tokens (its sequence shard) in and out as plain tensors
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                           use_local_output=True),
+        # replicated, the input a shard of the tokens (dim 0 of the flattened rows): the gradient is summed
+        "feed_forward.router": SequenceParallel(sequence_dim=0, use_local_output=True),
+        "feed_forward.shared": PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.shared.w1": ColwiseParallel(),
+        "feed_forward.shared.w3": ColwiseParallel(),
+        "feed_forward.shared.w2": RowwiseParallel(output_layouts=Shard(0)),
+    }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        moe = isinstance(block.feed_forward, MoE)
+        plan = moe_plan if moe else block_plan
+        if moe and block.feed_forward.shared is None:
+            plan = {k: v for k, v in plan.items() if not k.startswith("feed_forward.shared")}
+        parallelize_module(block, tp_mesh, plan)
     return model
 
 
