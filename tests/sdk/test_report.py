@@ -29,7 +29,8 @@ from trainyard.sdk.jobs.jobstate import job_dir, write_json
 
 plotly = pytest.importorskip("plotly", reason="the report needs plotly: pip install 'trainyard[report]'")
 
-PLOTS = ["metrics", "training", "throughput", "step-time", "communication", "memory", "checkpoints", "timeline"]
+PLOTS = ["metrics", "training", "throughput", "step-time", "ranks", "communication", "memory", "checkpoints",
+         "timeline"]
 SECTIONS = PLOTS + ["fingerprint", "cost"]
 T0 = datetime(2026, 11, 24, 8, 0, 0, tzinfo=timezone.utc)
 # a reference to anything outside the file, in its HTML (inline scripts' text left out: plotly.js holds URLs in
@@ -66,6 +67,8 @@ def _row(step: int) -> dict:
            "checkpoint_blocked_s": 0.25 if step % 3 == 0 else 0.0, "cpu_rss_bytes": 700_000_000 + step,
            "peak_memory_bytes": 2_000_000_000, "param_bytes": 10_000, "grad_bytes": 10_000, "optim_bytes": 20_000,
            "model_state_bytes": 40_000, "comm_by_dim": comm}
+    if step % 3 == 0:  # every rank's compute of the steps compared (the built-in trainer's straggler check)
+        row["rank_compute_s"] = {str(s): [0.18, 0.18, 0.18, 0.4 if step == 6 else 0.19] for s in range(step - 2, step + 1)}
     if step == 1:
         row["fingerprint"] = {"device": "cpu", "device_count": 2, "cpu_model": "Test CPU 9000", "torch": "2.13.0",
                               "peak_tflops_per_device": 0.08, "peak_source": "measured at start-up"}
@@ -89,6 +92,7 @@ def _full_job() -> FakeJob:
             "TrainingStartTime": at(2), "TrainingEndTime": at(60), "LastModifiedTime": at(60),
             "ResourceConfig": {"InstanceType": "local", "InstanceCount": 2},
             "HyperParameters": {"model": '"tiny"', "steps": "6"},
+            "Warnings": ["straggler: rank 3 (algo-2) 2.22x the median step for 3 steps"],
             "EstimatedCost": {"Amount": 0.0123, "Currency": "USD", "InstanceHours": 0.0167, "PricePerHour": 0.74,
                               "Market": "on-demand", "Source": "test price list"}}
     log = "\n".join(stamped(text, at(s).timestamp()) for s, text in [
@@ -363,7 +367,8 @@ def test_report_of_a_real_two_by_two_job_renders_every_plot(tmp_path, capsys):
     if exe is None:
         pytest.skip(CHROMIUM_MISSING)
     hps = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32, "seed": 3, "lr": 0.01,
-           "warmup_steps": 2, "decay_steps": 16, "steps": 6, "checkpoint_every": 3}  # as tests/e2e/test_builtin_trainer
+           "warmup_steps": 2, "decay_steps": 16, "steps": 6, "checkpoint_every": 3,  # as tests/e2e/test_builtin_trainer
+           "straggler_check_every": 2}  # the ranks compared at steps 4 and 6 (after 2 warm-up steps): their plot
     est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2, processes_per_host=2,
                     hyperparameters=hps, checkpoint_s3_uri=f"s3://e2e-report/{uuid.uuid4().hex[:8]}", max_run=400)
     est.fit(logs=False)

@@ -89,6 +89,15 @@ class TrainConfig:
     off, eager (eager-chunked: the ops' references, the loss chunked so the logits are never whole),
     triton (CUDA; CPU under TRITON_INTERPRET=1) or auto (Triton where it runs, else eager)."""
 
+    straggler_check_every: int = 10
+    """Compare the ranks' step times every this many steps (0: never): a rank whose compute (its step's time less
+    the communication it waited for) is straggler_ratio x the median of its peers' for straggler_steps consecutive
+    steps is named with its host (components/stragglers.py). One all-gather of a few numbers each time."""
+    straggler_ratio: float = 1.3
+    """How much slower than the median of its peers a rank's step must be to count as slow."""
+    straggler_steps: int = 20
+    """Consecutive slow steps before a rank is named a straggler."""
+
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS and self.model != "hf":
             raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)} or hf")
@@ -97,7 +106,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.keep_last < 2:  # the newest committed step may turn out damaged: keep one to fall back to
             raise ValueError(f"keep_last must be >= 2, got {self.keep_last}")
-        for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every"):
+        if not self.straggler_ratio > 1:
+            raise ValueError(f"straggler_ratio must be > 1, got {self.straggler_ratio}")
+        if self.straggler_steps < 1:
+            raise ValueError(f"straggler_steps must be >= 1, got {self.straggler_steps}")
+        for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every", "straggler_check_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:

@@ -30,6 +30,7 @@ from trainyard.engine.components.data import build_source, channel_dir
 from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
+from trainyard.engine.components.stragglers import Detector, StragglerWatch
 from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
@@ -128,9 +129,26 @@ class Trainer:
                             "dtype": self.dtype_name, "peak_tflops_per_device": self.peak_tflops,
                             "peak_source": peak_source, "model_flops_per_token": self.flops_per_token,
                             "flops_formula": "6 N + 12 L H Q T" if shape else "6 N (layers and heads unknown)"}
+        self.stragglers = self._straggler_watch()
         self.log(self.describe())
         self.log(f"peak {self.peak_tflops:.3g} TFLOP/s per device ({peak_source}); model {self.flops_per_token:.4g} "
                  "FLOPs per token")
+
+    def _straggler_watch(self) -> StragglerWatch | None:
+        """Every rank's watch (None with one rank, or straggler_check_every 0): each rank's host from the job's
+        `SM_HOSTS` (rank // processes per host), its stage from the layout."""
+        cfg, dims = self.cfg, self.layout.dims
+        if not cfg.straggler_check_every or dims.world_size < 2:
+            return None
+        try:
+            names = json.loads(os.environ.get("SM_HOSTS") or "[]")
+        except ValueError:
+            names = []
+        hosts = [names[r // dims.processes_per_host] if r // dims.processes_per_host < len(names)
+                 else f"host {r // dims.processes_per_host}" for r in range(dims.world_size)]
+        stages = [dims.coords(r)["pp"] for r in range(dims.world_size)]
+        detector = Detector(stages=stages, hosts=hosts, ratio=cfg.straggler_ratio, steps=cfg.straggler_steps)
+        return StragglerWatch(detector, every=cfg.straggler_check_every, device=self.ctx.device)
 
     def log(self, message: str) -> None:
         if self.ctx.is_main:
@@ -241,6 +259,12 @@ class Trainer:
                 if step == start + 1:
                     mark_first_step()  # the driver times this host's first step by it
                 elapsed = time.perf_counter() - t0
+                comm = meter.totals()
+                # the step's time: the communication it waited for, and the rest (compute, copies, Python)
+                compute = elapsed - comm["intra_s"] - comm["inter_s"]
+                ranks_compute, named = self.stragglers.record(step, compute) if self.stragglers else ({}, [])
+                for s in named:
+                    self.log(f"WARNING: straggler: {s}")
                 tokens_per_s = tokens_per_step / elapsed
                 tflops = self.flops_per_token * tokens_per_s / self.ctx.world_size / 1e12
                 if record.get("skipped"):  # always said: the step changed nothing but the loss scale
@@ -251,20 +275,25 @@ class Trainer:
                     scale = f" scale {_number(record['loss_scale'])}" if "loss_scale" in record else ""
                     if "expert_imbalance" in record:  # the busiest expert's load over the mean
                         scale += f" experts {record['expert_imbalance']:.2f}x"
+                    slow = self.stragglers.detector.slow() if self.stragglers else []
+                    if slow:  # named and still slow
+                        scale += " slow: " + ", ".join(f"rank {r} ({self.stragglers.detector.hosts[r]})" for r in slow)
                     self.log(f"step {step}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.1e} grad_norm "
                              f"{record['grad_norm']:.3f}{scale} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
                 blocked = 0.0
                 if self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
                     blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async)
-                comm = meter.totals()
                 row = {**record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
                        "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
-                       # the step's time: the communication it waited for, and the rest (compute, copies, Python)
-                       "compute_s": elapsed - comm["intra_s"] - comm["inter_s"], "comm_intra_s": comm["intra_s"],
+                       "compute_s": compute, "comm_intra_s": comm["intra_s"],
                        "comm_inter_s": comm["inter_s"], "checkpoint_blocked_s": blocked,
                        "cpu_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
                        "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"]}
+                if ranks_compute:  # every rank's compute of the steps compared now (the report plots them)
+                    row["rank_compute_s"] = {str(s): v for s, v in ranks_compute.items()}
+                if named:
+                    row["warnings"] = [f"straggler: {s}" for s in named]
                 if cuda:
                     row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
                 if first:

@@ -76,7 +76,8 @@ class TrainingJob:
     def describe(self) -> dict:
         """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes. Besides SageMaker's
         keys: `HostPhases`, each host's cold start split into timed phases (trainyard/container/phases.py),
-        `HardwareFingerprint` (the first metrics row's `fingerprint`, when the job wrote one), `Attempts` (each
+        `HardwareFingerprint` (the first metrics row's `fingerprint`, when the job wrote one), `Warnings` (what the
+        metrics rows' `warnings` say, in order: e.g. a straggler the built-in trainer named), `Attempts` (each
         attempt, its outcome and, for a failed one, its reason and `RetryClass`), and, from the backend
         (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
         s, spec = self._status(), self.spec
@@ -107,11 +108,15 @@ class TrainingJob:
         if final:
             out["FinalMetricDataList"] = final
         # the written rows only: the log was scraped just above, once is enough
-        fingerprint = next((r["fingerprint"] for r in self._written() if isinstance(r.get("fingerprint"), dict)), None)
+        written = self._written()
+        fingerprint = next((r["fingerprint"] for r in written if isinstance(r.get("fingerprint"), dict)), None)
         if spec.plan:  # distribution "auto": the layout the planner chose and its predictions
             out["Plan"] = spec.plan
         if fingerprint is not None:  # what the built-in trainer measured on (trainyard/engine/components/fingerprint.py)
             out["HardwareFingerprint"] = fingerprint
+        warnings = list(dict.fromkeys(w for r in written for w in r.get("warnings") or () if isinstance(w, str)))
+        if warnings:  # what the job's checks found and training went on with (a straggler named, ...)
+            out["Warnings"] = warnings
         for k in ("FailureReason", "ModelArtifacts"):
             if k in s:
                 out[k] = s[k]

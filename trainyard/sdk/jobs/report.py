@@ -81,7 +81,7 @@ def write_report(job, path: str) -> str:
     rows = job.metrics()
     steps = [r for r in rows if isinstance(r.get("step"), (int, float))]
     p = _Plots(go, make_subplots, steps)
-    stepped = [p.training(), p.throughput(), p.step_time(), p.communication(), p.memory()]
+    stepped = [p.training(), p.throughput(), p.step_time(), p.ranks(desc), p.communication(), p.memory()]
     if not steps:  # one note says so (in the training section); the others point to the metrics plotted by time
         for section in stepped[1:]:
             section.note = "no step rows: see the first section for the metrics the job has"
@@ -209,6 +209,29 @@ class _Plots:
         s.fig = _layout(fig, 1)
         s.note = ("step_time_s = compute + the time the step waited in collectives (communication that overlapped "
                   "with compute counts as compute). " + _absent([k for k, _ in keys if k not in dict(present)], ""))
+        return s
+
+    def ranks(self, desc: dict) -> Section:
+        """Every rank's compute per step (the rows' `rank_compute_s`, which the built-in trainer writes each time
+        it compares the ranks), and the stragglers it named (describe()'s Warnings)."""
+        s = Section("ranks", "Ranks: each rank's compute per step, and the stragglers named")
+        per: dict[int, list[tuple[int, float]]] = {}
+        for row in self.steps:
+            for step, values in (row.get("rank_compute_s") or {}).items():
+                for rank, v in enumerate(values):
+                    per.setdefault(rank, []).append((int(step), v))
+        named = [w for w in desc.get("Warnings") or () if w.startswith("straggler: ")]
+        if not per:
+            s.note = ("no row has rank_compute_s: the built-in trainer compares its ranks every "
+                      "straggler_check_every steps (not with one rank, nor when it is 0)")
+            return s
+        fig = self.go.Figure([self.go.Scatter(x=[p[0] for p in sorted(pts)], y=[p[1] for p in sorted(pts)],
+                                              name=f"rank {rank}", mode="lines") for rank, pts in sorted(per.items())])
+        fig.update_layout(xaxis_title="step", yaxis_title="compute s (step less the communication waited for)")
+        s.fig = _layout(fig, 1)
+        s.note = ("; ".join(named) if named else "no straggler named") + (
+            ". A rank is named when its compute is straggler_ratio x its peers' median or more over straggler_steps "
+            "consecutive steps (the median of its ratios); the others then wait for it in communication.")
         return s
 
     def communication(self) -> Section:

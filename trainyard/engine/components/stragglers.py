@@ -1,0 +1,115 @@
+"""Stragglers: the rank whose steps are slower than its peers', named with its host.
+
+A slow GPU, a throttled host or a noisy neighbour slows one rank; every other rank then waits for it in the step's
+collectives, so their wall time grows with it and wall time cannot tell them apart. A rank's compute can: the step's
+wall time minus the communication it waited for (the comm meter's time inside collectives). The slow rank's compute
+grows; its peers' stays, and their waiting grows instead.
+
+`StragglerWatch.record(step, compute_s)` keeps this rank's compute per step. Every `every` steps the ranks
+all-gather their last `every` figures (one small collective, the same steps on every rank), and `Detector` compares
+each rank's compute, step by step, with the median of the other ranks of its pipeline stage (stages do different
+work): a rank whose ratio to that median is `ratio` or more over `steps` consecutive steps (the median of its
+ratios over them: a persistent slowdown, not a few unlucky steps) is a straggler, named once per such stretch as
+
+    rank 5 (algo-2) 1.42x the median step for 20 steps The first `warmup` steps of a run (compilation, first allocations) are left out.
+The built-in trainer logs it as a WARNING line, writes it into the step's metrics row (`warnings`, which
+`describe()["Warnings"]` lists) with every rank's compute of the gathered steps (`rank_compute_s`, which the
+report plots), and names the flagged ranks in its progress line while they stay slow.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    host: str
+    ratio: float
+    """The median over the slow steps of its compute over the median of its peers'."""
+    steps: int
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} ({self.host}) {self.ratio:.2f}x the median step for {self.steps} steps"
+
+
+class Detector:
+    """The comparison, without collectives: `observe(times)` with every rank's compute of one step (index: rank)
+    returns the ranks named at this step.
+
+    Each step gives each rank a ratio: its compute over the median of its stage's other ranks'. A rank is slow
+    when the median of its ratios over the last `steps` steps is at least `ratio`: a persistent slowdown, not a
+    few unlucky steps (a host whose cores are shared sees a rank descheduled now and then, on a different rank
+    each time). It is named once, when that starts, and again only after it came back to within half the margin
+    (below 1.15x for a ratio of 1.3) in between."""
+
+    def __init__(self, *, stages: list[int], hosts: list[str], ratio: float = 1.3, steps: int = 20) -> None:
+        if not ratio > 1:
+            raise ValueError(f"straggler_ratio must be > 1, got {ratio}")
+        if steps < 1:
+            raise ValueError(f"straggler_steps must be >= 1, got {steps}")
+        self.stages, self.hosts, self.ratio, self.steps = stages, hosts, ratio, steps
+        self.window: list[deque] = [deque(maxlen=steps) for _ in stages]  # each rank's last ratios
+        self.named = [False] * len(stages)  # named, and slow since
+
+    def observe(self, times: list[float]) -> list[Straggler]:
+        found = []
+        for rank, t in enumerate(times):
+            peers = [times[r] for r, s in enumerate(self.stages) if s == self.stages[rank] and r != rank]
+            median = statistics.median(peers) if peers else 0.0
+            self.window[rank].append(t / median if median > 0 else 0.0)
+            if len(self.window[rank]) < self.steps:
+                continue
+            typical = statistics.median(self.window[rank])
+            if typical < 1 + (self.ratio - 1) / 2:  # well back among its peers (not flapping at the threshold)
+                self.named[rank] = False
+            elif typical >= self.ratio and not self.named[rank]:
+                self.named[rank] = True
+                found.append(Straggler(rank, self.hosts[rank], typical, self.steps))
+        return found
+
+    def slow(self) -> list[int]:
+        """The ranks named and still slow."""
+        return [r for r, named in enumerate(self.named) if named]
+
+
+class StragglerWatch:
+    """This rank's side: record each step's compute; every `every` steps, gather everyone's and detect (rank 0's
+    verdict is everyone's: all ranks run the same detector on the same figures)."""
+
+    def __init__(self, detector: Detector, *, every: int = 10, warmup: int = 2, device: torch.device | None = None,
+                 group=None) -> None:
+        if every < 1:
+            raise ValueError(f"straggler_check_every must be >= 1, got {every}")
+        self.detector, self.every, self.warmup = detector, every, warmup
+        self.device, self.group = device or torch.device("cpu"), group
+        self._steps: list[int] = []
+        self._times: list[float] = []
+        self._seen = 0
+
+    def record(self, step: int, compute_s: float) -> tuple[dict[int, list[float]], list[Straggler]]:
+        """This rank's compute of `step` (a collective every `every` steps). Returns every rank's compute of the
+        steps gathered now ({} between gathers) and the stragglers named in them."""
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return {}, []
+        self._steps.append(step)
+        self._times.append(float(compute_s))
+        if len(self._times) < self.every:
+            return {}, []
+        mine = torch.tensor(self._times, dtype=torch.float64, device=self.device)
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(everyone, mine, group=self.group)
+        table = torch.stack(everyone).cpu()  # (rank, step)
+        gathered, found = {}, []
+        for i, s in enumerate(self._steps):
+            column = table[:, i].tolist()
+            gathered[s] = [round(v, 6) for v in column]
+            found += self.detector.observe(column)
+        self._steps, self._times = [], []
+        return gathered, found
