@@ -19,18 +19,29 @@ HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len"
        "warmup_steps": 2, "decay_steps": 25, "steps": 25, "checkpoint_every": 5, "log_every": 10}
 
 
-def _est(ckpt, **kw):
+# DDP-like MiCS (partition groups of 1): 4 replicas of every shard, which the data-corruption check compares
+DISTRIBUTION = {"mics": {"partition_group_size": 1}}
+
+
+def _est(ckpt, hyperparameters=HPS, **kw):
     return Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
-                     processes_per_host=2, max_run=400, checkpoint_s3_uri=ckpt, hyperparameters=HPS, **kw)
+                     processes_per_host=2, max_run=400, checkpoint_s3_uri=ckpt, hyperparameters=hyperparameters,
+                     distribution=DISTRIBUTION, **kw)
 
 
 def _weights(est) -> dict:
     return torch.load(io.BytesIO(read_tar(est.model_data)["model.pt"]), weights_only=True)
 
 
-def test_a_killed_rank_restarts_the_job_and_the_weights_match_an_uninterrupted_run():
-    clean = _est("s3://e2e-resume/clean")
-    clean.fit(logs=False)
+@pytest.fixture(scope="module")
+def clean():
+    """The uninterrupted run both retried jobs must end like (bit-identical)."""
+    est = _est("s3://e2e-resume/clean")
+    est.fit(logs=False)
+    return _weights(est)
+
+
+def test_a_killed_rank_restarts_the_job_and_the_weights_match_an_uninterrupted_run(clean):
     faulty = _est("s3://e2e-resume/faulty", max_retry_attempts=1)
     job = faulty.fit(wait=False)
     pid = beat_at_step(job, "algo-2", 3, 12)["pid"]
@@ -46,9 +57,30 @@ def test_a_killed_rank_restarts_the_job_and_the_weights_match_an_uninterrupted_r
     text = job.log_text()
     assert "restarting the whole job from its last committed checkpoint, attempt 2 of 2" in text
     assert "resumed from step" in text
-    a, b = _weights(clean), _weights(faulty)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-identical, fp32 on CPU
+    b = _weights(faulty)
+    assert clean.keys() == b.keys() and all(torch.equal(clean[k], b[k]) for k in clean)  # bit-identical, fp32 on CPU
     assert_no_processes_left(job)
+
+
+def test_a_flipped_bit_is_caught_from_the_replicas_and_the_retry_ends_with_the_clean_weights(clean, tmp_path):
+    """One bit of rank 3's copy flipped after step 7 (the test hook, once); the check at step 10 (sdc_check_every,
+    and the save that step) names rank 3, the attempt fails as data corruption, and the retry resumes from step 5,
+    saved before the flip."""
+    hps = {**HPS, "sdc_check_every": 5}
+    faulty = _est("s3://e2e-resume/sdc", hps, max_retry_attempts=1,
+                  environment={"TRAINYARD_SDC_INJECT": f"3:7:{tmp_path / 'flipped'}"})
+    faulty.fit(logs=False)
+    d = faulty.latest_training_job.describe()
+    assert d["TrainingJobStatus"] == "Completed"
+    first, second = d["Attempts"]
+    assert first["Outcome"] == "Failed" and first["RetryClass"] == "data corruption", first
+    assert ("data corruption: at step 10 the parameters of rank 3 (algo-2) differ from the other replicas of their "
+            "shard (4 copies; tok_embeddings.weight first)") in first["FailureReason"], first["FailureReason"]
+    assert second["Outcome"] == "Completed"
+    assert "resumed from step 5" in faulty.latest_training_job.log_text()
+    assert (tmp_path / "flipped").exists()
+    b = _weights(faulty)
+    assert all(torch.equal(clean[k], b[k]) for k in clean)
 
 
 def test_a_user_error_is_not_retried():

@@ -79,7 +79,7 @@ def root_cause(failures: list[RankFailure]) -> RankFailure:
 
 # what `retry_class` names; anything else (an exception in the user's code, an import error, bad
 # hyperparameters) is the user's to fix and is never retried
-RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error", "disk full")
+RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error", "disk full", "data corruption")
 
 
 def retry_class(reason: str) -> str | None:
@@ -89,7 +89,9 @@ def retry_class(reason: str) -> str | None:
     - killed process: a rank ended by a signal of its own (SIGKILL from the OOM killer, SIGSEGV, SIGBUS ...);
     - lost host: a host's driver vanished without a report (its machine or container went away);
     - collective error: the root cause is itself a gloo/NCCL error (a link cut, a peer gone mid-collective);
-    - disk full: ENOSPC (the space may have been freed: a retry that finds it full again fails the same way).
+    - disk full: ENOSPC (the space may have been freed: a retry that finds it full again fails the same way);
+    - data corruption: a copy of a shard differed from its replicas (engine/components/sdc.py): the retry resumes
+      from the last checkpoint, checked before it was saved.
     """
     head = reason.split("\n", 1)[0]
     if head.startswith("Hang:"):
@@ -98,6 +100,8 @@ def retry_class(reason: str) -> str | None:
         return "killed process"
     if "the driver exited with status" in head and head.endswith("and no report"):
         return "lost host"
+    if "DataCorruption: data corruption: " in reason:
+        return "data corruption"
     if _ECHO.search(reason):
         return "collective error"
     if "No space left on device" in reason:

@@ -98,6 +98,11 @@ class TrainConfig:
     straggler_steps: int = 20
     """Consecutive slow steps before a rank is named a straggler."""
 
+    sdc_check_every: int = 100
+    """Compare every parameter shard with its replicas (MiCS's partition groups) every this many steps and before
+    every checkpoint save (0: never): a copy that differs fails the attempt as data corruption, naming the rank
+    and host (components/sdc.py). A layout with one replica of each shard has nothing to compare."""
+
     def __post_init__(self) -> None:
         if self.model not in MODEL_CONFIGS and self.model != "hf":
             raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)} or hf")
@@ -110,7 +115,8 @@ class TrainConfig:
             raise ValueError(f"straggler_ratio must be > 1, got {self.straggler_ratio}")
         if self.straggler_steps < 1:
             raise ValueError(f"straggler_steps must be >= 1, got {self.straggler_steps}")
-        for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every", "straggler_check_every"):
+        for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every", "straggler_check_every",
+                     "sdc_check_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:

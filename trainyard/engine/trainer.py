@@ -30,6 +30,7 @@ from trainyard.engine.components.data import build_source, channel_dir
 from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
+from trainyard.engine.components.sdc import SdcCheck, inject_from_env
 from trainyard.engine.components.stragglers import Detector, StragglerWatch
 from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig
@@ -130,25 +131,43 @@ class Trainer:
                             "peak_source": peak_source, "model_flops_per_token": self.flops_per_token,
                             "flops_formula": "6 N + 12 L H Q T" if shape else "6 N (layers and heads unknown)"}
         self.stragglers = self._straggler_watch()
+        self.sdc = self._sdc_check()
         self.log(self.describe())
         self.log(f"peak {self.peak_tflops:.3g} TFLOP/s per device ({peak_source}); model {self.flops_per_token:.4g} "
                  "FLOPs per token")
 
-    def _straggler_watch(self) -> StragglerWatch | None:
-        """Every rank's watch (None with one rank, or straggler_check_every 0): each rank's host from the job's
-        `SM_HOSTS` (rank // processes per host), its stage from the layout."""
-        cfg, dims = self.cfg, self.layout.dims
-        if not cfg.straggler_check_every or dims.world_size < 2:
-            return None
+    def _hosts(self) -> list[str]:
+        """Each rank's host, from the job's `SM_HOSTS` (rank // processes per host)."""
+        dims = self.layout.dims
         try:
             names = json.loads(os.environ.get("SM_HOSTS") or "[]")
         except ValueError:
             names = []
-        hosts = [names[r // dims.processes_per_host] if r // dims.processes_per_host < len(names)
-                 else f"host {r // dims.processes_per_host}" for r in range(dims.world_size)]
+        return [names[r // dims.processes_per_host] if r // dims.processes_per_host < len(names)
+                else f"host {r // dims.processes_per_host}" for r in range(dims.world_size)]
+
+    def _straggler_watch(self) -> StragglerWatch | None:
+        """Every rank's watch (None with one rank, or straggler_check_every 0); each rank's stage from the layout."""
+        cfg, dims = self.cfg, self.layout.dims
+        if not cfg.straggler_check_every or dims.world_size < 2:
+            return None
         stages = [dims.coords(r)["pp"] for r in range(dims.world_size)]
-        detector = Detector(stages=stages, hosts=hosts, ratio=cfg.straggler_ratio, steps=cfg.straggler_steps)
+        detector = Detector(stages=stages, hosts=self._hosts(), ratio=cfg.straggler_ratio, steps=cfg.straggler_steps)
         return StragglerWatch(detector, every=cfg.straggler_check_every, device=self.ctx.device)
+
+    def _sdc_check(self) -> SdcCheck | None:
+        """The replicas' comparison (None with one rank, or sdc_check_every 0); said once when the layout keeps a
+        single copy of each shard."""
+        cfg, dims = self.cfg, self.layout.dims
+        if not cfg.sdc_check_every or dims.world_size < 2:
+            return None
+        check = SdcCheck(dims.replicate_groups(), self._hosts(), self.ctx.device)
+        if not check.can_check:
+            self.log("data corruption check: off, the layout keeps one copy of each shard (one MiCS partition group "
+                     "over every data-parallel rank): no replica to compare with; a partition_group_size below the "
+                     "data-parallel degree keeps replicas")
+            return None
+        return check
 
     def log(self, message: str) -> None:
         if self.ctx.is_main:
@@ -280,8 +299,14 @@ class Trainer:
                         scale += " slow: " + ", ".join(f"rank {r} ({self.stragglers.detector.hosts[r]})" for r in slow)
                     self.log(f"step {step}/{cfg.steps} loss {record['loss']:.4f} lr {record['lr']:.1e} grad_norm "
                              f"{record['grad_norm']:.3f}{scale} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
+                saving = self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
+                inject_from_env(self.model, self.ctx.rank, step)  # a test hook: off unless its variable is set
+                if self.sdc is not None and (saving or step % cfg.sdc_check_every == 0):  # no damaged state is saved
+                    t1 = time.perf_counter()
+                    self.sdc.check(self.model, step)
+                    record["sdc_check_s"] = time.perf_counter() - t1
                 blocked = 0.0
-                if self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+                if saving:
                     blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async)
                 row = {**record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
                        "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
