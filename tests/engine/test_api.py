@@ -245,6 +245,10 @@ def test_check_equivalence_reports_agreement_and_catches_a_wrong_layout(engine, 
 
     bad = te.check_equivalence(build_broken, ids[:, :-1], ids[:, 1:], loss_fn, verbose=False)
     assert not bad.ok and bad.worst_grad[1] > 1e-3
+    # a model built on the meta device (te.build_model's) is initialised for the reference as transform does
+    moe = te.check_equivalence(lambda: te.build_model("moe-tiny"), ids[:, :-1] % 512, ids[:, 1:] % 512,
+                               loss_fn, microbatches=2, verbose=False)
+    assert moe.ok and moe.loss_rel_err < 1e-6, moe
 
 
 @pytest.mark.slow

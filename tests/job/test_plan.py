@@ -73,6 +73,17 @@ def test_an_hf_mixture_of_experts_config_reads_with_its_experts(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**mixtral, "num_experts_per_tok": 9}))
     with pytest.raises(ConfigError, match="num_experts_per_tok=9"):
         resolve_model(str(tmp_path))
+    # what the engine refuses is not planned: experts not packed as Mixtral's (GPT-OSS) are not spread, attention
+    # within a sliding window is not split over the sequence; DBRX's nested experts are not read as a dense model
+    gpt_oss = {**mixtral, "model_type": "gpt_oss", "sliding_window": 128}
+    (tmp_path / "config.json").write_text(json.dumps(gpt_oss))
+    found = plan(str(tmp_path), seq_len=4096, global_batch_size=16, instance_type="ml.p4d.24xlarge", instance_count=2)
+    assert {p.layout.ep for p in found.layouts} == {1} and {p.layout.cp for p in found.layouts} == {1}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "dbrx", "d_model": 6144, "n_layers": 40,
+                                                      "n_heads": 48, "vocab_size": 100352,
+                                                      "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}}))
+    with pytest.raises(ConfigError, match="keeps its experts in ffn_config"):
+        resolve_model(str(tmp_path))
 
 
 @pytest.mark.parametrize("model, fragment", [("nope", "neither a built-in preset"), ("", "expected a preset")])

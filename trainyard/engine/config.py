@@ -253,6 +253,7 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
     if cfg.model in MODEL_CONFIGS:
         mcfg = MODEL_CONFIGS[cfg.model]
         check_tp(tp=par.tp, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads, ffn_hidden=from_config(mcfg).tp_mlp_hidden,
+                 ffn_name=from_config(mcfg).tp_mlp_name,
                  vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
         check_experts(ep=par.ep, tp=par.tp, pp=par.pp, n_experts=mcfg.n_experts, model=cfg.model)
     check_cp(cp=par.cp, seq_len=cfg.seq_len, tp=par.tp)

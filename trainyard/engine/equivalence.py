@@ -8,6 +8,7 @@ For a model that fits on one process; fp32 agrees to ~1e-6, bf16 to ~1e-2.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,7 +17,11 @@ import torch.distributed as dist
 from torch import nn
 
 from trainyard.engine import api
-from trainyard.engine.distributed.parallelize import plain
+from trainyard.engine.distributed.experts import aux_weight
+from trainyard.engine.distributed.materialize import is_meta
+from trainyard.engine.distributed.parallelize import _materialise, plain
+from trainyard.engine.distributed.ties import find_ties
+from trainyard.engine.models.registry import resolve_spec
 
 
 @dataclass(kw_only=True)
@@ -61,14 +66,21 @@ def check_equivalence(build: Callable[[], nn.Module], inputs: torch.Tensor, targ
     targets)` is the mean loss of a batch. Prints the report on rank 0 when `verbose`."""
     ctx = api.current()
     torch.manual_seed(seed)
-    reference = build().to(ctx.device)
-    ref_loss = loss_fn(reference(inputs.to(ctx.device)), targets.to(ctx.device))
-    ref_loss.backward()
+    reference = _unsharded(build(), ctx.device, seed, transform_kwargs.get("init"))
+    torch.manual_seed(seed)
+    model = api.transform(build(), seed=seed, **transform_kwargs)
+    # the sharded run's micro-batch i is chunk i of every data-parallel rank's rows: the reference's too (a mixture
+    # of experts balances the tokens of a micro-batch together; for any other model only the order differs)
+    dp = api._layout(model).dims.dp
+    ref_loss = torch.zeros((), device=ctx.device)
+    for x, y in zip(_microbatches(inputs, dp, microbatches), _microbatches(targets, dp, microbatches)):
+        with aux_weight(1 / microbatches):
+            loss_i = loss_fn(reference(x.to(ctx.device)), y.to(ctx.device)) / microbatches
+        loss_i.backward()
+        ref_loss += loss_i.detach()
     ref_grads = {n: p.grad.detach().float() for n, p in reference.named_parameters() if p.grad is not None}
     ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in ref_grads.values()])).item()
 
-    torch.manual_seed(seed)
-    model = api.transform(build(), seed=seed, **transform_kwargs)
     # this model's layout decides the rows (transform's distribution= may differ from init's)
     loss = api.forward_backward(model, api.rows(model, inputs).to(ctx.device), api.rows(model, targets).to(ctx.device),
                                 loss_fn, microbatches=microbatches)
@@ -95,3 +107,19 @@ def check_equivalence(build: Callable[[], nn.Module], inputs: torch.Tensor, targ
     if verbose and ctx.is_main:
         print(report, flush=True)
     return report
+
+
+def _unsharded(model: nn.Module, device: torch.device, seed: int, init) -> nn.Module:
+    """`model` on `device`, whole; one built on the meta device is initialised as `transform` initialises it
+    (layout-independently, from `seed`)."""
+    if not is_meta(model):
+        return model.to(device)
+    _materialise(model, resolve_spec(model), copy.deepcopy(model), device, seed, init, ties=find_ties(model))
+    return model
+
+
+def _microbatches(rows: torch.Tensor, dp: int, count: int) -> list[torch.Tensor]:
+    """The global micro-batches of `rows` as the data-parallel ranks split them: rank r takes the r-th block of
+    rows and cuts it into `count`; micro-batch i joins every rank's i-th piece."""
+    per_rank = [block.chunk(count) for block in rows.chunk(dp)]
+    return [torch.cat([pieces[i] for pieces in per_rank]) for i in range(count)]

@@ -84,6 +84,11 @@ class ModelShape:
     experts_with_tp: bool = True
     """Whether its mixture of experts takes tensor parallelism (the built-in one's tokens stay sequence-parallel
     shards, each rank routing its own; a Hugging Face one's is refused)."""
+    expert_parallel: bool = True
+    """Whether the engine can spread its experts (a Hugging Face family whose experts are not packed as
+    Mixtral's, e.g. GPT-OSS's, cannot)."""
+    context_parallel: bool = True
+    """Whether its attention can be split over the sequence (not one that attends within a sliding window)."""
 
     @property
     def head_dim(self) -> int:
@@ -117,6 +122,11 @@ class ModelShape:
         if self.n_experts:
             return self.n_shared_experts * self.expert_hidden or None
         return self.ffn_hidden
+
+    @property
+    def tp_mlp_name(self) -> str:
+        """What `tp_mlp_hidden` is called in errors."""
+        return "n_shared_experts x expert_hidden" if self.n_experts else "ffn_hidden"
 
     def experts_held_whole(self, *, ep: int, tp: int) -> bool:
         """Whether a rank holds its n_experts / ep experts whole, outside MiCS's sharding: under expert
@@ -199,7 +209,18 @@ def from_hf_config(config: dict, name: str) -> ModelShape:
                       tied_embeddings=tied,
                       max_seq_len=config.get("max_position_embeddings") or config.get("n_positions"),
                       head_dim_override=config.get("head_dim"), pipeline_with_cp=False, experts_with_tp=False,
-                      **_hf_experts(config, name, ffn))
+                      expert_parallel=config.get("model_type") in PACKED_EXPERTS,
+                      context_parallel=not _sliding(config), **_hf_experts(config, name, ffn))
+
+
+# the Hugging Face families whose experts the engine spreads (engine/models/hf/moe.py checks the class itself)
+PACKED_EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+def _sliding(config: dict) -> bool:
+    """Whether the config attends within a sliding window, which context parallelism refuses."""
+    window = config.get("sliding_window")
+    return isinstance(window, int) and window > 0 and config.get("use_sliding_window", True) is not False
 
 
 # the keys of a Hugging Face mixture of experts' config: Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek
@@ -214,6 +235,10 @@ def _hf_experts(config: dict, name: str, ffn: int) -> dict:
     `moe_intermediate_size` (Qwen, DeepSeek) or `intermediate_size` (Mixtral, OLMoE), top `num_experts_per_tok`,
     and the shared experts: `n_shared_experts` of the routed width (DeepSeek) or Qwen2-MoE's one shared expert of
     `shared_expert_intermediate_size`, counted as that width over the routed one, rounded up (4 for Qwen1.5/2-MoE)."""
+    nested = config.get("ffn_config")
+    if isinstance(nested, dict) and any("expert" in k for k in nested):  # DBRX: the experts in a nested block
+        raise ConfigError("model", f"{name}: config.json keeps its experts in ffn_config ({sorted(nested)}), which "
+                                   "the planner does not read; plan with a ModelShape of your own")
     n = next((config[k] for k in _EXPERT_KEYS if isinstance(config.get(k), int) and config[k] > 0), 0)
     if not n:
         return {}

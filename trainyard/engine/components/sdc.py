@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainyard.engine.distributed.experts import expert_params
+
 INJECT_ENV = "TRAINYARD_SDC_INJECT"
 
 
@@ -43,8 +45,6 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 def replicated(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The parameters MiCS replicates, by name: not the experts that expert parallelism places (their copies follow
     the expert layout, not the partition groups)."""
-    from trainyard.engine.distributed.experts import expert_params
-
     placed = {id(p) for p in expert_params(model)}
     return [(n, p) for n, p in model.named_parameters() if id(p) not in placed]
 

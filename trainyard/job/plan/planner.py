@@ -93,11 +93,13 @@ def _valid(shape: ModelShape, layout: Layout, seq_len: int, world: int, gpus_per
     try:
         typed(layout.distribution(), world_size=world, processes_per_host=gpus_per_host)
         check_tp(tp=layout.tp, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, ffn_hidden=shape.tp_mlp_hidden,
-                 vocab_size=shape.vocab_size, seq_len=seq_len)
+                 ffn_name=shape.tp_mlp_name, vocab_size=shape.vocab_size, seq_len=seq_len)
         check_cp(cp=layout.cp, seq_len=seq_len, tp=layout.tp)
         check_cp_pp(cp=layout.cp, pp=layout.pp, stages_take_cp=shape.pipeline_with_cp, model=shape.name)
         check_experts(ep=layout.ep, tp=layout.tp, pp=layout.pp, n_experts=shape.n_experts, model=shape.name,
                       experts_with_tp=shape.experts_with_tp)
+        if (layout.cp > 1 and not shape.context_parallel) or (layout.ep > 1 and not shape.expert_parallel):
+            return False  # what the engine refuses for this family (ModelShape's fields say why)
         if layout.pp > 1:
             check_pipeline(pp=layout.pp, schedule=layout.pipeline_schedule, virtual_stages=layout.virtual_stages,
                            microbatches=layout.microbatches, n_layers=shape.n_layers)

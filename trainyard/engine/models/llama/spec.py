@@ -19,6 +19,7 @@ from trainyard.engine.protocols import ModelSpec, StageSplit
 def _check_tp(model: Transformer, tp: int) -> None:
     cfg = model.config
     check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=from_config(cfg).tp_mlp_hidden,
+             ffn_name=from_config(cfg).tp_mlp_name,
              vocab_size=cfg.vocab_size)
 
 

@@ -40,6 +40,7 @@ def apply_tp(model: nn.Module, tp_mesh, *, seq_len: int | None = None) -> nn.Mod
     tp = tp_mesh.size()
     cfg = model.config
     check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=from_config(cfg).tp_mlp_hidden,
+             ffn_name=from_config(cfg).tp_mlp_name,
              vocab_size=cfg.vocab_size, seq_len=seq_len)
     if tp == 1:
         return model
