@@ -3,6 +3,8 @@ import io
 import json
 import os
 import tarfile
+import threading
+import time
 
 from tests.waiting import eventually, within
 
@@ -69,6 +71,24 @@ def job_processes(job) -> list[int]:
     return found
 
 
+def host_processes(job, host: str) -> list[int]:
+    """Live processes of `job` on emulated host `host`: its driver (by its folder in the command line) and what
+    the driver started (by `SM_CURRENT_HOST` in their environment)."""
+    folder, mine = f"{job.dir}/hosts/{host}".encode(), f"SM_CURRENT_HOST={host}".encode()
+    found = []
+    for pid in job_processes(job):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if folder in cmd or mine in env:
+            found.append(pid)
+    return found
+
+
 def assert_no_processes_left(job, timeout=10.0):
     within(lambda: not job_processes(job), timeout, interval=0.2)
     assert job_processes(job) == [], f"processes of {job.name} survived"
@@ -95,3 +115,63 @@ def beat_at_step(job, host: str, rank: int, step: int, timeout: float = 180.0) -
         return beat if beat and (beat.get("step") or 0) >= step and beat.get("pid") else None
     return eventually(reached, timeout, what=lambda: f"{host} rank {rank} at step {step}:\n{job.log_text()[-3000:]}")
 
+
+
+class CpuShare:
+    """The processes `pids()` names (every thread of each) limited together to `share` of one CPU, as a throttled
+    host or a noisy neighbour limits them: a cgroup of their own with a CFS quota (cgroup v1's cpu controller, or
+    v2's cpu.max). A thread keeps moving what `pids()` names in (a host's processes start one after another) until
+    exit, which puts them all back. Needs root, as the namespace and traffic-shaping tests do."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, pids, share: float, every_s: float = 0.05):
+        self.pids, self.quota, self.every_s = pids, int(share * self.PERIOD_US), every_s
+        v1 = "/sys/fs/cgroup/cpu"
+        if os.path.isfile(f"{v1}/cpu.cfs_quota_us"):
+            self.root, self.limit = v1, {"cpu.cfs_period_us": str(self.PERIOD_US), "cpu.cfs_quota_us": str(self.quota)}
+        elif "cpu" in open("/sys/fs/cgroup/cgroup.controllers").read().split():
+            self.root, self.limit = "/sys/fs/cgroup", {"cpu.max": f"{self.quota} {self.PERIOD_US}"}
+        else:
+            raise RuntimeError("no cgroup cpu controller to limit a process's CPU share with (cgroup v1 "
+                               "/sys/fs/cgroup/cpu or v2 with cpu in cgroup.controllers)")
+        self.path = f"{self.root}/trainyard-test-{os.getpid()}-{id(self)}"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._keep_moving, daemon=True)
+
+    def _move(self, pid: int, into: str) -> None:
+        try:
+            with open(f"{into}/cgroup.procs", "w") as fh:
+                fh.write(str(pid))
+        except OSError:  # it has exited
+            pass
+
+    def _keep_moving(self) -> None:
+        while not self._done.is_set():
+            for pid in self.pids():
+                self._move(pid, self.path)
+            self._done.wait(self.every_s)
+
+    def __enter__(self) -> "CpuShare":
+        os.makedirs(self.path)
+        for name, value in self.limit.items():
+            with open(f"{self.path}/{name}", "w") as fh:
+                fh.write(value)
+        for pid in self.pids():
+            self._move(pid, self.path)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+        for _ in range(50):  # threads move one by one; one being created lands in the group it is leaving
+            with open(f"{self.path}/cgroup.procs") as fh:
+                for task in fh.read().split():
+                    self._move(int(task), self.root)
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"could not remove {self.path}")

@@ -1,13 +1,10 @@
-"""A straggler in a real job: the built-in trainer on 2 local hosts x 2 processes. One job serves both sides of
-the check: its first 100 steps run clean and name no rank (no false positives), then one rank is slowed from
+"""A straggler in a real job: the built-in trainer on 2 local hosts x 2 processes, after the pre-flight health check
+(whose figures for healthy hosts are checked here too). One job serves both sides of the straggler check: its first 100 steps run clean and name no rank (no false positives), then one rank is slowed from
 outside, its CPU share cut (as a throttled host or a noisy neighbour slows it), and is named with its host in the
 log, the metrics and describe()["Warnings"] within 30 steps."""
-import os
-import time
-
 import pytest
 
-from tests.e2e.helpers import beat_at_step
+from tests.e2e.helpers import CpuShare, beat_at_step
 from tests.waiting import eventually
 from trainyard import Estimator
 
@@ -18,55 +15,9 @@ HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len"
        "log_every": 10, "save_model": False}
 
 
-class CpuShare:
-    """The process `pid` (every thread of it) limited to `share` of one CPU, as a throttled host or a noisy
-    neighbour limits it: a cgroup of its own with a CFS quota (cgroup v1's cpu controller, or v2's cpu.max), put
-    back where it was on exit. Needs root, as the namespace and traffic-shaping tests do."""
-
-    PERIOD_US = 100_000
-
-    def __init__(self, pid: int, share: float):
-        self.pid, self.quota = pid, int(share * self.PERIOD_US)
-        v1 = "/sys/fs/cgroup/cpu"
-        if os.path.isfile(f"{v1}/cpu.cfs_quota_us"):
-            self.root, self.limit = v1, {"cpu.cfs_period_us": str(self.PERIOD_US), "cpu.cfs_quota_us": str(self.quota)}
-        elif "cpu" in open("/sys/fs/cgroup/cgroup.controllers").read().split():
-            self.root, self.limit = "/sys/fs/cgroup", {"cpu.max": f"{self.quota} {self.PERIOD_US}"}
-        else:
-            raise RuntimeError("no cgroup cpu controller to limit a process's CPU share with (cgroup v1 "
-                               "/sys/fs/cgroup/cpu or v2 with cpu in cgroup.controllers)")
-        self.path = f"{self.root}/trainyard-test-{os.getpid()}-{pid}"
-
-    def __enter__(self) -> "CpuShare":
-        os.makedirs(self.path)
-        for name, value in self.limit.items():
-            with open(f"{self.path}/{name}", "w") as fh:
-                fh.write(value)
-        with open(f"{self.path}/cgroup.procs", "w") as fh:
-            fh.write(str(self.pid))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for _ in range(50):  # threads move one by one; a thread being created lands in the group it is leaving
-            with open(f"{self.path}/cgroup.procs") as fh:
-                left = fh.read().split()
-            for task in left:
-                try:
-                    with open(f"{self.root}/cgroup.procs", "w") as fh:
-                        fh.write(task)
-                except OSError:  # it has exited
-                    pass
-            try:
-                os.rmdir(self.path)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"could not remove {self.path}")
-
-
 def test_a_slowed_rank_is_named_with_its_host_and_a_clean_run_names_none():
     est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
-                    processes_per_host=2, max_run=500, hyperparameters=HPS)
+                    processes_per_host=2, max_run=500, hyperparameters=HPS, health_check=True)
     job = est.fit(wait=False)
     try:
         beat = beat_at_step(job, "algo-2", 3, CLEAN_STEPS, timeout=300)
@@ -76,7 +27,7 @@ def test_a_slowed_rank_is_named_with_its_host_and_a_clean_run_names_none():
         clean = [r["warnings"] for r in rows if r.get("warnings")]
         assert clean == [], clean  # no false positive in the clean steps
         slowed_at = beat["step"]
-        with CpuShare(beat["pid"], 0.15):  # rank 3 gets 15% of a CPU
+        with CpuShare(lambda: [beat["pid"]], 0.15):  # rank 3 gets 15% of a CPU
             row = eventually(lambda: next((r for r in job.metrics() if r.get("warnings")), None), 180,
                              interval=0.5, what=lambda: job.log_text()[-3000:])
             # its progress lines name it while it stays slow
@@ -91,4 +42,13 @@ def test_a_slowed_rank_is_named_with_its_host_and_a_clean_run_names_none():
     assert ratio >= 1.3, warning
     log = job.log_text()
     assert f"WARNING: {warning}" in log
-    assert job.describe()["Warnings"] == [warning]  # rank 3 only: its peers waited, they were not slow
+    d = job.describe()
+    assert d["Warnings"] == [warning]  # rank 3 only: its peers waited, they were not slow
+    # the pre-flight health check before it (tests/e2e/test_health_check.py names a throttled host): every host's
+    # figures, nobody far below its peers
+    check = d["HealthCheck"]
+    assert check["SlowHosts"] == [] and set(check["Hosts"]) == {"algo-1", "algo-2"}
+    for host, h in check["Hosts"].items():
+        assert h["compute_tflops"] > 0 and h["intra_gbps"] > 0 and h["inter_gbps"] > 0 and h["ranks"] == 2, (host, h)
+        assert h["efa"] == {"provider": None, "devices": 0} and h["ratio"] >= 0.7, (host, h)
+    assert "[algo-2] driver: health check: algo-1: compute " in log

@@ -31,7 +31,7 @@ plotly = pytest.importorskip("plotly", reason="the report needs plotly: pip inst
 
 PLOTS = ["metrics", "training", "throughput", "step-time", "ranks", "communication", "memory", "checkpoints",
          "timeline"]
-SECTIONS = PLOTS + ["fingerprint", "cost"]
+SECTIONS = PLOTS + ["health", "fingerprint", "cost"]
 T0 = datetime(2026, 11, 24, 8, 0, 0, tzinfo=timezone.utc)
 # a reference to anything outside the file, in its HTML (inline scripts' text left out: plotly.js holds URLs in
 # strings it never fetches for these plots): a script or stylesheet by URL, or any src/href that leaves the file
@@ -93,6 +93,8 @@ def _full_job() -> FakeJob:
             "ResourceConfig": {"InstanceType": "local", "InstanceCount": 2},
             "HyperParameters": {"model": '"tiny"', "steps": "6"},
             "Warnings": ["straggler: rank 3 (algo-2) 2.22x the median step for 3 steps"],
+            "HealthCheck": {"Hosts": {h: {"compute_tflops": 0.1, "ratio": 1.0, "intra_gbps": 1.2, "inter_gbps": 0.6,
+                                          "ranks": 2} for h in ("algo-1", "algo-2")}, "SlowHosts": []},
             "EstimatedCost": {"Amount": 0.0123, "Currency": "USD", "InstanceHours": 0.0167, "PricePerHour": 0.74,
                               "Market": "on-demand", "Source": "test price list"}}
     log = "\n".join(stamped(text, at(s).timestamp()) for s, text in [

@@ -393,6 +393,20 @@ def test_hang_timeout(src, bad):
     assert _est(src).hang_timeout_s == 300.0 and _est(src, hang_timeout_s=2.5).hang_timeout_s == 2.5
 
 
+@pytest.mark.parametrize("bad,field,text", [
+    ({"min_ratio": 1.5}, "health_check.min_ratio", "must be a number between 0 and 1"),
+    ({"on_failure": "retry"}, "health_check.on_failure", "'fail' or 'continue'"),
+    ({"threshold": 0.5}, "health_check.threshold", "Extra inputs are not permitted"),
+    ("yes", "health_check", "must be True, False or a dict")])
+def test_health_check(src, bad, field, text):
+    assert text in _refused(field, _est, src, health_check=bad)
+    assert _est(src).health_check is None and _est(src, health_check=False).health_check is None
+    on = _est(src, health_check=True).health_check
+    assert (on.on_failure, on.min_ratio) == ("fail", 0.7)
+    go_on = _est(src, health_check={"on_failure": "continue", "min_ratio": 0.5}).health_check
+    assert (go_on.on_failure, go_on.min_ratio) == ("continue", 0.5)
+
+
 def test_elastic(src):
     assert _est(src, instance_count=2, max_retry_attempts=1,
                 elastic={"min_instance_count": 1}).elastic.min_instance_count == 1

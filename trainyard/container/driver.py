@@ -50,9 +50,10 @@ from dataclasses import dataclass, field
 
 from trainyard.container import efa, lifeline, requirements
 from trainyard.container.hostnames import RESOLVES_ENV
-from trainyard.job import lease, space, storage
+from trainyard.job import catalog, lease, space, storage
 from trainyard.job.jsonio import write_json
 from trainyard.job.spec import BUILTIN_TRAINER, JobSpec
+from trainyard.job.plan.hardware import bf16_peak_tflops
 from trainyard.container.ckpt_sync import CheckpointSync
 from trainyard.container.codefetch import fetch_code
 from trainyard.container.contract import JOB_FILE, PLATFORM_ENV, render_contract, under_root, user_args
@@ -71,6 +72,7 @@ from trainyard.job.logstamp import stamped
 
 TORCHRUN = ("-m", "torch.distributed.run")
 PROBE_MODULE = "trainyard.container.probe"
+HEALTH_MODULE = "trainyard.container.health"
 WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
 PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
 # the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
@@ -436,6 +438,67 @@ def probe(run: HostRun, log_dir: str) -> None:
         run.say(f"bandwidth probe {why}; training starts all the same")
 
 
+# what a healthy GPU's bf16 matmul of the check reaches, as a share of its datasheet peak (an H100 reaches 0.7-0.8):
+# the figure a host alone is held to, where it has no peers to be compared with
+HEALTHY_MATMUL_SHARE = 0.6
+
+
+def expected_matmul_tflops(instance_type: str) -> float | None:
+    """HEALTHY_MATMUL_SHARE of the instance type's GPU's bf16 datasheet peak (the planner's table); None for a CPU
+    host or a GPU the table lacks."""
+    peak = bf16_peak_tflops(instance_type)
+    return round(HEALTHY_MATMUL_SHARE * peak, 1) if peak else None
+
+
+def health_check(run: HostRun, log_dir: str) -> str:
+    """With the job's `health_check`, the pre-flight check on every host and process (container/health.py): each
+    host's figures said, the first host's written as a metrics row (`health_check`: describe()'s HealthCheck and
+    the report read it); returns the reason to fail the job with ("" to train)."""
+    spec, check = run.spec, run.spec.health_check
+    if check is None:
+        return ""
+    out = os.path.join(log_dir, "health")
+    shutil.rmtree(out, ignore_errors=True)
+    port = probe_port(run.job["master_port"], os.environ) + 1  # beside the probe's: never the job's own
+    expected = expected_matmul_tflops(spec.instance_type)
+    args = ["--out", out, "--min-ratio", str(check.min_ratio)] + (
+        ["--expected-tflops", str(expected)] if expected else []) + (
+        ["--turns"] if catalog.lookup(spec.instance_type).is_local else [])  # emulated hosts share this machine
+    cmd = build_torchrun_command(
+        nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
+        master_addr=run.master_addr, master_port=port, entry_point=HEALTH_MODULE, entry_kind="module",
+        args=args, log_dir=os.path.join(log_dir, "health-logs"))
+    run.say(f"health check: {spec.world_size} process(es) on {spec.instance_count} host(s), rendezvous on port {port}")
+    with run.phases.timed("health"):
+        code = run_probe(cmd, run.code_dir, float(os.environ.get("TRAINYARD_HEALTH_CHECK_TIMEOUT_S", PROBE_TIMEOUT_S)))
+    try:
+        with open(os.path.join(out, "health.json")) as fh:
+            result = json.load(fh)
+    except (OSError, ValueError):
+        why = f"ran past its time" if code is None else f"exited with status {code} and wrote no figures"
+        return f"Health check: the check itself {why} on {run.host} (its ranks' output is in the job's log)"
+    for host, h in result["hosts"].items():
+        figures = [f"compute {h['compute_tflops']:.3g} TFLOP/s" + (f" ({h['ratio']:.2f}x its peers)" if h["ratio"]
+                                                                   else "")]
+        figures += [f"{what} all-reduce {h[key]:.3g} GB/s" for key, what in (("intra_gbps", "intra-host"),
+                                                                               ("inter_gbps", "inter-host"))
+                    if h[key] is not None]
+        if h["efa"]["devices"]:
+            figures.append(f"EFA {h['efa']['devices']} device(s), provider {h['efa']['provider'] or 'unset'}")
+        run.say(f"health check: {host}: {', '.join(figures)}")
+    if run.index == 0:  # one row for the job: the first host's metrics file, shipped and mirrored as the others
+        metrics = f"{run.root}/output/data/{METRICS_FILE}"
+        os.makedirs(os.path.dirname(metrics), exist_ok=True)
+        with open(metrics, "a") as fh:
+            fh.write(json.dumps({"timestamp": time.time(), "health_check": result}) + "\n")
+    if not result["slow"]:
+        return ""
+    if check.on_failure == "continue":
+        run.say(f"{result['reason']}; training starts all the same (health_check on_failure='continue')")
+        return ""
+    return result["reason"]
+
+
 def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
     """The job's entry point under torchrun, or as one plain process (`JobSpec.launcher`): (exit code, the
     failed rank, FailureReason)."""
@@ -509,7 +572,11 @@ def main(argv: list[str] | None = None) -> int:
         configure_network(run.host)
         log_dir = run.log_dir_arg or tempfile.mkdtemp(prefix="trainyard-torchrun-")
         probe(run, log_dir)
-        code, failure, reason = train(run, log_dir)
+        reason = health_check(run, log_dir)
+        if reason:  # a host far below its peers: the job fails before training
+            code = 1
+        else:
+            code, failure, reason = train(run, log_dir)
     except Exception as e:  # the driver itself failed: the job fails with that reason
         code, reason = 1, f"{run.host} driver: {type(e).__name__}: {e}"
     lost = stop_syncs(syncs, run.status)  # the last sync runs whatever the outcome

@@ -9,6 +9,7 @@
     code        the driver fetches and unpacks `sourcedir.tar.gz` and installs `requirements.txt` (no code to
                 fetch, an installed module: no entry)
     probe       the bandwidth probe, when `TRAINYARD_BANDWIDTH_PROBE` asks for one
+    health      the pre-flight health check, when the job asks for one (`health_check`: container/health.py)
     first_step  the driver starts torchrun -> the host's first step is seen (container/firststep.py); no entry
                 when no step was ever seen
     upload      the first host tars and uploads the model and the output data

@@ -99,6 +99,24 @@ class Elastic(BaseModel):
         return v
 
 
+class HealthCheck(BaseModel):
+    """The pre-flight health check (container/health.py): each host's matmul throughput and all-reduce bandwidth
+    within and across hosts, measured before the first step. `True` gives the defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    on_failure: Literal["fail", "continue"] = "fail"
+    """A host far below its peers: fail the job before training (`fail`), or say so and train (`continue`)."""
+    min_ratio: float = 0.7
+    """A host whose compute is under this share of the other hosts' median is far below its peers."""
+
+    @field_validator("min_ratio", mode="before")
+    @classmethod
+    def _ratio(cls, v: object) -> object:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise ValueError(f"must be a number between 0 and 1 (a share of the peers' compute), got {v!r}")
+        return v
+
+
 class EmulatedNetwork(BaseModel):
     """Local jobs only: each host in its own network namespace behind a shaped link (see trainyard/sdk/backends/local/netem.py)."""
 
@@ -173,6 +191,8 @@ class JobSpec(BaseModel):
     """With retries: a job that loses a host for good goes on with fewer (down to min_instance_count)."""
     hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
     """Seconds without progress on any rank (engine heartbeats) before the job is failed as hung; None: never."""
+    health_check: HealthCheck | None = None
+    """The pre-flight health check of every host (None: none; `Estimator(health_check=True)`)."""
     capacity_reservation_id: str | None = None
     """EC2: the On-Demand Capacity Reservation or Capacity Block (`cr-...`) the instances launch into."""
     tensorboard_output_config: TensorBoardOutput | None = None
@@ -369,6 +389,18 @@ class JobSpec(BaseModel):
     def _volume(cls, v: object) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 16384:
             raise ValueError(f"must be a whole number of GB between 1 and 16384, got {v!r}")
+        return v
+
+    @field_validator("health_check", mode="before")
+    @classmethod
+    def _health_check(cls, v: object) -> object:
+        if v is True:
+            return HealthCheck()
+        if v is False:
+            return None
+        if v is not None and not isinstance(v, (dict, HealthCheck)):
+            raise ValueError(f"must be True, False or a dict of on_failure ('fail' or 'continue') and min_ratio, "
+                             f"got {v!r}")
         return v
 
     @field_validator("hang_timeout_s", mode="before")

@@ -89,6 +89,13 @@ LOCAL_FLOPS = 1e11
 LOCAL_BYTES_PER_S = 1e9
 
 
+def bf16_peak_tflops(instance_type: str) -> float | None:
+    """The bf16 dense datasheet peak of one GPU of `instance_type` (None: no GPU, or one the table lacks)."""
+    it = catalog.lookup(instance_type)
+    facts = _performance()["accelerators"].get(it.accelerator) if it.num_gpus else None
+    return facts["bf16_dense_tflops"] if facts else None
+
+
 def _local(processes_per_host: int) -> Hardware:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(instance_type=catalog.LOCAL, accelerator="CPU (nominal speed)", gpus_per_host=processes_per_host,

@@ -77,7 +77,8 @@ class TrainingJob:
         """A SageMaker-shaped description (`DescribeTrainingJob`), times as datetimes. Besides SageMaker's
         keys: `HostPhases`, each host's cold start split into timed phases (trainyard/container/phases.py),
         `HardwareFingerprint` (the first metrics row's `fingerprint`, when the job wrote one), `Warnings` (what the
-        metrics rows' `warnings` say, in order: e.g. a straggler the built-in trainer named), `Attempts` (each
+        metrics rows' `warnings` say, in order: e.g. a straggler the built-in trainer named), `HealthCheck` (the
+        pre-flight check's figures per host, and the hosts far below their peers), `Attempts` (each
         attempt, its outcome and, for a failed one, its reason and `RetryClass`), and, from the backend
         (`_usage`), `BillableTimeInSeconds` and `EstimatedCost`."""
         s, spec = self._status(), self.spec
@@ -114,6 +115,10 @@ class TrainingJob:
             out["Plan"] = spec.plan
         if fingerprint is not None:  # what the built-in trainer measured on (trainyard/engine/components/fingerprint.py)
             out["HardwareFingerprint"] = fingerprint
+        health = next((r["health_check"] for r in reversed(written) if isinstance(r.get("health_check"), dict)), None)
+        if health is not None:  # the pre-flight check's figures per host (the latest attempt's)
+            out["HealthCheck"] = {"Hosts": health.get("hosts", {}), "SlowHosts": health.get("slow", []),
+                                  **({"Reason": health["reason"]} if health.get("reason") else {})}
         warnings = list(dict.fromkeys(w for r in written for w in r.get("warnings") or () if isinstance(w, str)))
         if warnings:  # what the job's checks found and training went on with (a straggler named, ...)
             out["Warnings"] = warnings

@@ -87,7 +87,7 @@ def write_report(job, path: str) -> str:
             section.note = "no step rows: see the first section for the metrics the job has"
     extra = p.metrics(rows)  # left out when the sections below plot every metric the job has
     sections = [*([extra] if extra.fig is not None or not rows else []), *stepped, p.checkpoints(_checkpoint_log(job)),
-                p.timeline(desc), _fingerprint(rows), _cost(desc)]
+                p.timeline(desc), _health(desc), _fingerprint(rows), _cost(desc)]
     traces = _profiler_traces(job)
     if traces is not None:  # a job without a profiler has none to list
         sections.append(traces)
@@ -433,6 +433,25 @@ def _cell(v) -> str:
     if isinstance(v, (dict, list)):
         return json.dumps(v, default=str)
     return "none" if v is None else str(v)
+
+
+def _health(desc: dict) -> Section:
+    s = Section("health", "Health check: each host before the first step")
+    check = desc.get("HealthCheck")
+    if not isinstance(check, dict):
+        s.note = "the job ran no pre-flight health check (Estimator(health_check=True) asks for one)"
+        return s
+    rows = []
+    for host, h in sorted(check.get("Hosts", {}).items()):
+        ratio = f" ({h['ratio']:.2f}x its peers)" if isinstance(h.get("ratio"), (int, float)) else ""
+        links = ", ".join(f"{what} {h[key]:.3g} GB/s" for key, what in (("intra_gbps", "intra-host"),
+                                                                         ("inter_gbps", "inter-host"))
+                          if isinstance(h.get(key), (int, float)))
+        rows.append((host, f"compute {h['compute_tflops']:.3g} TFLOP/s{ratio}" + (f"; all-reduce {links}" if links
+                                                                                  else "")))
+    s.table = rows
+    s.note = check.get("Reason") or "no host far below its peers"
+    return s
 
 
 def _fingerprint(rows: list[dict]) -> Section:
