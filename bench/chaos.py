@@ -145,14 +145,26 @@ def _fill(path: str, seconds: float) -> None:
 def _world(fault: str, tag: str):
     """What a fault needs around its job: the store behind a proxy it can take down, or a small disk."""
     saved = dict(os.environ)
-    proxy = mount = None
+    proxy = mount = server = None
     try:
         if fault == "store_down":
-            from tests.e2e.faulty_proxy import FaultyProxy
-            from trainyard.sdk.store import ensure_store
+            # a moto server of its own behind the proxy: the embedded store refuses a request signed for another
+            # address than its own (the proxy's), as it should
+            import boto3
+            from moto.server import ThreadedMotoServer
 
-            proxy = FaultyProxy(ensure_store().url, rate=0.0).__enter__()
-            os.environ.update({**ensure_store().env(), "AWS_ENDPOINT_URL": proxy.url})  # the store's key, via the proxy
+            from tests.e2e.faulty_proxy import FaultyProxy
+            from trainyard.sdk.store_server import DEFAULT_BUCKET
+
+            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            server.start()
+            host, port = server.get_host_and_port()
+            proxy = FaultyProxy(f"http://{host}:{port}", rate=0.0).__enter__()
+            os.environ.update({"AWS_ENDPOINT_URL": proxy.url, "AWS_ACCESS_KEY_ID": "testing",
+                               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+            s3 = boto3.client("s3")
+            for bucket in (f"chaos-{tag}", DEFAULT_BUCKET):
+                s3.create_bucket(Bucket=bucket)
         elif fault == "disk_full":
             mount = f"/tmp/chaos-disk-{tag}"
             os.makedirs(mount, exist_ok=True)
@@ -162,6 +174,8 @@ def _world(fault: str, tag: str):
     finally:
         if proxy is not None:
             proxy.__exit__(None, None, None)
+        if server is not None:
+            server.stop()
         os.environ.clear()
         os.environ.update(saved)
         if mount is not None:

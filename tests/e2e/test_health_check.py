@@ -1,6 +1,6 @@
-"""The pre-flight health check (trainyard/container/health.py) in a real 2 hosts x 2 processes local job whose
-second host's check runs on a quarter of a CPU: it is named before step 1 and the job fails with that reason. A healthy job's
-per-host figures are checked in tests/e2e/test_stragglers.py's job, which runs the check too."""
+"""The pre-flight health check (trainyard/container/health.py) in a real 2 hosts x 1 process local job whose
+second host's check runs on a quarter of a CPU: it is named before step 1 and the job fails with that reason. A
+healthy 2 x 2 job's per-host figures are checked in tests/e2e/test_stragglers.py's job, which runs the check too."""
 import pytest
 
 from tests.e2e.helpers import CpuShare, host_processes
@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_a_throttled_host_is_named_before_step_1_and_the_job_fails_with_that_reason():
     est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
-                    processes_per_host=2, max_run=240, health_check=True,
+                    processes_per_host=1, max_run=240, health_check=True,
                     hyperparameters={"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len": 32,
                                      "steps": 5})
     job = est.fit(wait=False)
@@ -20,7 +20,7 @@ def test_a_throttled_host_is_named_before_step_1_and_the_job_fails_with_that_rea
     def checking() -> list[int]:  # algo-2's processes of the check (the torchrun agent, its ranks)
         return [p for p in host_processes(job, "algo-2") if b"trainyard.container.health" in _cmdline(p)]
 
-    with CpuShare(checking, 0.25):  # as they start, they share a quarter of a CPU (the others get 2 cores)
+    with CpuShare(checking, 0.25):  # as they start, a quarter of a CPU (the other host's get 2 cores)
         with pytest.raises(JobFailedError):
             job.wait(logs="None")
     d = job.describe()

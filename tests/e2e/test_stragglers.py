@@ -1,6 +1,6 @@
 """A straggler in a real job: the built-in trainer on 2 local hosts x 2 processes, after the pre-flight health check
-(whose figures for healthy hosts are checked here too). One job serves both sides of the straggler check: its first 100 steps run clean and name no rank (no false positives), then one rank is slowed from
-outside, its CPU share cut (as a throttled host or a noisy neighbour slows it), and is named with its host in the
+(whose figures for healthy hosts are checked here too). One job serves both sides of the straggler check: its first
+100 steps run clean and name no rank (no false positives), then one rank is slowed from outside, its CPU share cut (as a throttled host or a noisy neighbour slows it), and is named with its host in the
 log, the metrics and describe()["Warnings"] within 30 steps."""
 import pytest
 

@@ -15,12 +15,12 @@ The driver runs it (a torchrun of its own, after the bandwidth probe, before the
   driver found (container/efa.py).
 
 The figures are all-gathered, and every rank reaches the same verdict: per host, the median of its ranks' compute
-(each rank's is kept too), its intra-host bandwidth, its share of the inter-host one; a host is far below its peers when its
-compute is under `min_ratio` x the median of the other hosts' (with one host: under `min_ratio` x the instance
-type's expected figure where the catalog has one). Each host's first rank writes `<out>/health.json`:
+(each rank's is kept too), its intra-host bandwidth, its share of the inter-host one; a host is far below its peers
+when its compute is under `min_ratio` x the median of the other hosts' (with one host: under `min_ratio` x the
+figure expected of its instance type, where the catalog has one). Each host's first rank writes `<out>/health.json`:
 
-    {"hosts": {"algo-1": {"compute_tflops": ..., "intra_gbps": ..., "inter_gbps": ..., "ranks": 2,
-                          "expected_tflops": null, "ratio": 1.0, "efa": {...}}, ...},
+    {"hosts": {"algo-1": {"compute_tflops": ..., "rank_tflops": [...], "intra_gbps": ..., "inter_gbps": ...,
+                          "ranks": 2, "expected_tflops": null, "ratio": 1.0, "efa": {...}}, ...},
      "slow": ["algo-2"], "reason": "Health check: algo-2's compute ..."}
 
 which the driver reads (the job fails with `reason`, or goes on, as the job's `health_check` says).

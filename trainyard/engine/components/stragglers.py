@@ -11,8 +11,10 @@ each rank's compute, step by step, with the median of the other ranks of its pip
 work): a rank whose ratio to that median is `ratio` or more over `steps` consecutive steps (the median of its
 ratios over them: a persistent slowdown, not a few unlucky steps) is a straggler, named once per such stretch as
 
-    rank 5 (algo-2) 1.42x the median step for 20 steps The first `warmup` steps of a run (compilation, first allocations) are left out.
-The built-in trainer logs it as a WARNING line, writes it into the step's metrics row (`warnings`, which
+    rank 5 (algo-2) 1.42x the median step for 20 steps
+
+It is named again only after it came back among its peers. The first `warmup` steps of a run (compilation, first
+allocations) are left out. The built-in trainer logs it as a WARNING line, writes it into the step's metrics row (`warnings`, which
 `describe()["Warnings"]` lists) with every rank's compute of the gathered steps (`rank_compute_s`, which the
 report plots), and names the flagged ranks in its progress line while they stay slow.
 """
