@@ -30,3 +30,4 @@ def test_hosts_within_the_ratio_pass_and_a_lone_host_is_held_to_its_expected_fig
     assert alone["hosts"]["algo-1"]["inter_gbps"] is None
     cpu = verdict([_rank("algo-1", 0.1)], min_ratio=0.7, expected_tflops=None)  # nothing to compare with
     assert cpu["slow"] == [] and cpu["hosts"]["algo-1"]["ratio"] is None and cpu["reason"] == ""
+    assert cpu["unjudged"] == ["algo-1"] and alone["unjudged"] == []  # said: not judged, rather than passed

@@ -394,7 +394,7 @@ def test_hang_timeout(src, bad):
 
 
 @pytest.mark.parametrize("bad,field,text", [
-    ({"min_ratio": 1.5}, "health_check.min_ratio", "must be a number between 0 and 1"),
+    ({"min_ratio": 1.5}, "health_check.min_ratio", "must be a number strictly between 0 and 1"),
     ({"on_failure": "retry"}, "health_check.on_failure", "'fail' or 'continue'"),
     ({"threshold": 0.5}, "health_check.threshold", "Extra inputs are not permitted"),
     ("yes", "health_check", "must be True, False or a dict")])

@@ -486,14 +486,22 @@ def health_check(run: HostRun, log_dir: str) -> str:
         if h["efa"]["devices"]:
             figures.append(f"EFA {h['efa']['devices']} device(s), provider {h['efa']['provider'] or 'unset'}")
         run.say(f"health check: {host}: {', '.join(figures)}")
+    unjudged = result.get("unjudged") or []
+    if unjudged:
+        run.say(f"health check: {', '.join(unjudged)}: no other host and no figure expected of {spec.instance_type} "
+                "to compare its compute with: not judged")
+    going_on = bool(result["slow"]) and check.on_failure == "continue"
     if run.index == 0:  # one row for the job: the first host's metrics file, shipped and mirrored as the others
+        row = {"timestamp": time.time(), "health_check": result}
+        if going_on:  # describe()'s Warnings
+            row["warnings"] = [f"{result['reason']}; training went on (health_check on_failure='continue')"]
         metrics = f"{run.root}/output/data/{METRICS_FILE}"
         os.makedirs(os.path.dirname(metrics), exist_ok=True)
         with open(metrics, "a") as fh:
-            fh.write(json.dumps({"timestamp": time.time(), "health_check": result}) + "\n")
+            fh.write(json.dumps(row) + "\n")
     if not result["slow"]:
         return ""
-    if check.on_failure == "continue":
+    if going_on:
         run.say(f"{result['reason']}; training starts all the same (health_check on_failure='continue')")
         return ""
     return result["reason"]

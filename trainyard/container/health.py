@@ -17,7 +17,9 @@ The driver runs it (a torchrun of its own, after the bandwidth probe, before the
 The figures are all-gathered, and every rank reaches the same verdict: per host, the median of its ranks' compute
 (each rank's is kept too), its intra-host bandwidth, its share of the inter-host one; a host is far below its peers
 when its compute is under `min_ratio` x the median of the other hosts' (with one host: under `min_ratio` x the
-figure expected of its instance type, where the catalog has one). Each host's first rank writes `<out>/health.json`:
+figure expected of its instance type, where the catalog has one; a host alone on a CPU, or on a GPU the catalog
+lacks, has nothing to be compared with: it is listed in `unjudged`, and said). Each host's first rank writes
+`<out>/health.json`:
 
     {"hosts": {"algo-1": {"compute_tflops": ..., "rank_tflops": [...], "intra_gbps": ..., "inter_gbps": ...,
                           "ranks": 2, "expected_tflops": null, "ratio": 1.0, "efa": {...}}, ...},
@@ -95,13 +97,15 @@ def verdict(ranks: list[dict], *, min_ratio: float, expected_tflops: float | Non
                 h[key] = r[key] if h[key] is None else min(h[key], r[key])
     for h in hosts.values():  # the host's typical rank (ranks that share cores are not measured alike)
         h["ranks"], h["compute_tflops"] = len(h["rank_tflops"]), statistics.median(h["rank_tflops"])
-    slow, why = [], []
+    slow, why, unjudged = [], [], []
     for name, h in hosts.items():
         peers = [o["compute_tflops"] for other, o in hosts.items() if other != name]
         reference = statistics.median(peers) if peers else expected_tflops
         h["expected_tflops"] = expected_tflops
         h["ratio"] = round(h["compute_tflops"] / reference, 3) if reference else None
-        if h["ratio"] is not None and h["ratio"] < min_ratio:
+        if h["ratio"] is None:
+            unjudged.append(name)
+        elif h["ratio"] < min_ratio:
             slow.append(name)
             against = "the median of the other hosts" if peers else "the instance type's expected figure"
             why.append(f"{name}'s compute {h['compute_tflops']:.3g} TFLOP/s is {h['ratio']:.2f}x {against} "
@@ -110,7 +114,7 @@ def verdict(ranks: list[dict], *, min_ratio: float, expected_tflops: float | Non
     if slow:
         reason = (f"Health check: {'; '.join(why)}, below the {min_ratio:g}x the check allows: a throttled or faulty "
                   "host, found before training started")
-    return {"hosts": hosts, "slow": slow, "reason": reason, "min_ratio": min_ratio}
+    return {"hosts": hosts, "slow": slow, "reason": reason, "min_ratio": min_ratio, "unjudged": unjudged}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -151,6 +151,10 @@ class Trainer:
         cfg, dims = self.cfg, self.layout.dims
         if not cfg.straggler_check_every or dims.world_size < 2:
             return None
+        if dims.pp > 1:  # a stage waits for its neighbour in point-to-point calls the meter does not time
+            self.log("straggler check: off under pipeline parallelism: a stage's waits for the next are not told "
+                     "apart from its compute yet, so a healthy neighbour of a slow rank would be named")
+            return None
         stages = [dims.coords(r)["pp"] for r in range(dims.world_size)]
         detector = Detector(stages=stages, hosts=self._hosts(), ratio=cfg.straggler_ratio, steps=cfg.straggler_steps)
         return StragglerWatch(detector, every=cfg.straggler_check_every, device=self.ctx.device)
@@ -301,7 +305,8 @@ class Trainer:
                              f"{record['grad_norm']:.3f}{scale} tok/s {tokens_per_s:.0f} mfu {tflops / self.peak_tflops:.3f}")
                 saving = self.uri and (step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0))
                 inject_from_env(self.model, self.ctx.rank, step)  # a test hook: off unless its variable is set
-                if self.sdc is not None and (saving or step % cfg.sdc_check_every == 0):  # no damaged state is saved
+                # before any save and the end's export: no damaged state is saved
+                if self.sdc is not None and (saving or step == cfg.steps or step % cfg.sdc_check_every == 0):
                     t1 = time.perf_counter()
                     self.sdc.check(self.model, step)
                     record["sdc_check_s"] = time.perf_counter() - t1

@@ -113,7 +113,7 @@ class HealthCheck(BaseModel):
     @classmethod
     def _ratio(cls, v: object) -> object:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-            raise ValueError(f"must be a number between 0 and 1 (a share of the peers' compute), got {v!r}")
+            raise ValueError(f"must be a number strictly between 0 and 1 (a share of the peers' compute), got {v!r}")
         return v
 
 

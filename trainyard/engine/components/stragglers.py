@@ -13,7 +13,7 @@ ratios over them: a persistent slowdown, not a few unlucky steps) is a straggler
 
     rank 5 (algo-2) 1.42x the median step for 20 steps
 
-It is named again only after it came back among its peers. The first `warmup` steps of a run (compilation, first
+It is named again only after a whole window back among its peers. The first `warmup` steps of a run (compilation, first
 allocations) are left out. The built-in trainer logs it as a WARNING line, writes it into the step's metrics row (`warnings`, which
 `describe()["Warnings"]` lists) with every rank's compute of the gathered steps (`rank_compute_s`, which the
 report plots), and names the flagged ranks in its progress line while they stay slow.
@@ -26,6 +26,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+
+# a rank must be at least this much slower than its peers' median in a step for the step to count as slow:
+# shorter differences are a host's scheduling (the rank that prints, a shared core), not a slow device
+MIN_EXCESS_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -47,30 +52,41 @@ class Detector:
     Each step gives each rank a ratio: its compute over the median of its stage's other ranks'. A rank is slow
     when the median of its ratios over the last `steps` steps is at least `ratio`: a persistent slowdown, not a
     few unlucky steps (a host whose cores are shared sees a rank descheduled now and then, on a different rank
-    each time). It is named once, when that starts, and again only after it came back to within half the margin
-    (below 1.15x for a ratio of 1.3) in between."""
+    each time). A step counts as slow only if the rank is also `min_excess_s` (20 ms) slower than that median:
+    with steps of a few tens of ms, the rank that prints the progress, or shares a core with the job's supervisor,
+    is that much slower without being a straggler. A rank is named once, when its slowness starts, and again only
+    after a whole window back within half the margin (below 1.15x for a ratio of 1.3): a throttled rank's steps
+    swing, and the median with them."""
 
-    def __init__(self, *, stages: list[int], hosts: list[str], ratio: float = 1.3, steps: int = 20) -> None:
+    def __init__(self, *, stages: list[int], hosts: list[str], ratio: float = 1.3, steps: int = 20,
+                 min_excess_s: float = MIN_EXCESS_S) -> None:
         if not ratio > 1:
             raise ValueError(f"straggler_ratio must be > 1, got {ratio}")
         if steps < 1:
             raise ValueError(f"straggler_steps must be >= 1, got {steps}")
-        self.stages, self.hosts, self.ratio, self.steps = stages, hosts, ratio, steps
+        self.stages, self.hosts, self.ratio, self.steps, self.min_excess_s = stages, hosts, ratio, steps, min_excess_s
         self.window: list[deque] = [deque(maxlen=steps) for _ in stages]  # each rank's last ratios
         self.named = [False] * len(stages)  # named, and slow since
+        self.back = [0] * len(stages)  # a named rank's steps in a row back among its peers
 
     def observe(self, times: list[float]) -> list[Straggler]:
         found = []
         for rank, t in enumerate(times):
             peers = [times[r] for r, s in enumerate(self.stages) if s == self.stages[rank] and r != rank]
             median = statistics.median(peers) if peers else 0.0
-            self.window[rank].append(t / median if median > 0 else 0.0)
+            ratio = t / median if median > 0 else 0.0
+            if t - median < self.min_excess_s:  # a few ms more than its peers: scheduling, not a straggler
+                ratio = min(ratio, 1.0)
+            self.window[rank].append(ratio)
             if len(self.window[rank]) < self.steps:
                 continue
             typical = statistics.median(self.window[rank])
-            if typical < 1 + (self.ratio - 1) / 2:  # well back among its peers (not flapping at the threshold)
+            # back among its peers (well under the ratio, for a whole window: a throttled rank's steps swing, and
+            # the median of 20 with them) before it can be named again
+            self.back[rank] = self.back[rank] + 1 if typical < 1 + (self.ratio - 1) / 2 else 0
+            if self.back[rank] >= self.steps:
                 self.named[rank] = False
-            elif typical >= self.ratio and not self.named[rank]:
+            if typical >= self.ratio and not self.named[rank]:
                 self.named[rank] = True
                 found.append(Straggler(rank, self.hosts[rank], typical, self.steps))
         return found

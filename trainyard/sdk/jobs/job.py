@@ -118,6 +118,7 @@ class TrainingJob:
         health = next((r["health_check"] for r in reversed(written) if isinstance(r.get("health_check"), dict)), None)
         if health is not None:  # the pre-flight check's figures per host (the latest attempt's)
             out["HealthCheck"] = {"Hosts": health.get("hosts", {}), "SlowHosts": health.get("slow", []),
+                                  "UnjudgedHosts": health.get("unjudged", []),
                                   **({"Reason": health["reason"]} if health.get("reason") else {})}
         warnings = list(dict.fromkeys(w for r in written for w in r.get("warnings") or () if isinstance(w, str)))
         if warnings:  # what the job's checks found and training went on with (a straggler named, ...)

@@ -450,7 +450,10 @@ def _health(desc: dict) -> Section:
         rows.append((host, f"compute {h['compute_tflops']:.3g} TFLOP/s{ratio}" + (f"; all-reduce {links}" if links
                                                                                   else "")))
     s.table = rows
-    s.note = check.get("Reason") or "no host far below its peers"
+    unjudged = check.get("UnjudgedHosts") or []
+    s.note = check.get("Reason") or ("no host far below its peers" if not unjudged else
+                                     f"{', '.join(unjudged)}: no other host and no figure expected of the instance "
+                                     "type to compare its compute with: not judged")
     return s
 
 
