@@ -99,8 +99,8 @@ class TrainConfig:
     """Consecutive slow steps before a rank is named a straggler."""
 
     sdc_check_every: int = 100
-    """Compare every parameter shard with its replicas (MiCS's partition groups) every this many steps and before
-    every checkpoint save (0: never): a copy that differs fails the attempt as data corruption, naming the rank
+    """Compare every parameter shard with its replicas (MiCS's partition groups) every this many steps, before
+    every checkpoint save and at the last step (0: never): a copy that differs fails the attempt as data corruption, naming the rank
     and host (components/sdc.py). A layout with one replica of each shard has nothing to compare."""
 
     def __post_init__(self) -> None:
