@@ -1,6 +1,6 @@
 """Worker for tests/engine/test_sdc.py (torchrun, gloo): every rank builds the same small model and checks its
-replicas (all ranks one replica group); for each case in argv[1] (JSON: name, flip: the rank whose copy gets a
-flipped bit, or null), rank 0 writes {case name: [what each rank's check raised, "" for nothing]} to argv[2]."""
+replicas; for each case in argv[1] (JSON: name, flip: the rank whose copy gets a flipped bit, or null; groups: the
+replica groups, default all ranks one group), rank 0 writes {case name: [what each rank's check raised, "" for nothing]} to argv[2]."""
 import json
 import os
 import sys
@@ -32,11 +32,16 @@ def main() -> None:
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-    check = SdcCheck([list(range(world))], [f"algo-{1 + r // 2}" for r in range(world)], torch.device("cpu"))
+    hosts = [f"algo-{1 + r // 2}" for r in range(world)]
+    checks = {}  # by the case's replica groups (each made once: a collective)
     results = {}
     for case in cases:
+        groups = case.get("groups") or [list(range(world))]
+        key = json.dumps(groups)
+        if key not in checks:
+            checks[key] = SdcCheck(groups, hosts, torch.device("cpu"))
         said: list = [None] * world
-        dist.all_gather_object(said, run(case, check, os.path.join(os.path.dirname(out), case["name"])))
+        dist.all_gather_object(said, run(case, checks[key], os.path.join(os.path.dirname(out), case["name"])))
         results[case["name"]] = said
     if dist.get_rank() == 0:
         with open(out, "w") as fh:

@@ -43,17 +43,18 @@ def test_its_failure_is_retried_as_data_corruption():
 
 
 def test_a_flipped_bit_on_one_replica_names_its_rank_on_every_rank(tmp_path):
-    """3 replicas: the odd one is named; a clean run raises nothing; with 2 no majority says which, both are named."""
+    """4 processes: as one group of 4 replicas, the odd one is named and a clean run raises nothing; as 2 groups of
+    2, no majority says which copy is damaged, and both ranks of that group are named, on every rank."""
     from .launch import run_on_two_hosts
 
     worker = os.path.join(os.path.dirname(__file__), "sdc_worker.py")
-    got = run_on_two_hosts(worker, [dict(name="clean", flip=None), dict(name="flip-rank-2", flip=2)], tmp_path,
-                           processes_per_host=3, hosts=1)
-    assert got["clean"] == ["", "", ""]
+    got = run_on_two_hosts(worker, [dict(name="clean", flip=None), dict(name="flip-rank-2", flip=2),
+                                    dict(name="pairs-flip-rank-1", flip=1, groups=[[0, 1], [2, 3]])],
+                           tmp_path, processes_per_host=4, hosts=1)
+    assert got["clean"] == [""] * 4
     assert got["flip-rank-2"] == ["data corruption: at step 2 the parameters of rank 2 (algo-2) differ from the "
-                                  "other replicas of their shard (3 copies; 0.weight first); its GPU or host memory "
-                                  "may be faulty"] * 3  # every rank raised the same
-    two = run_on_two_hosts(worker, [dict(name="flip-rank-1", flip=1)], tmp_path, processes_per_host=2, hosts=1)
-    assert two["flip-rank-1"] == ["data corruption: at step 2 the 2 replicas of a shard differ (rank 0 (algo-1), rank 1 "
-                                  "(algo-1); 0.weight first): with 2 replicas no majority says which copy is damaged; a "
-                                  "GPU or host memory of one of them may be faulty"] * 2
+                                  "other replicas of their shard (4 copies; 0.weight first); its GPU or host memory "
+                                  "may be faulty"] * 4  # every rank raised the same
+    assert got["pairs-flip-rank-1"] == ["data corruption: at step 2 the 2 replicas of a shard differ (rank 0 "
+                                        "(algo-1), rank 1 (algo-1); 0.weight first): with 2 replicas no majority says "
+                                        "which copy is damaged; a GPU or host memory of one of them may be faulty"] * 4
