@@ -475,8 +475,12 @@ def health_check(run: HostRun, log_dir: str) -> str:
         with open(os.path.join(out, "health.json")) as fh:
             result = json.load(fh)
     except (OSError, ValueError):
-        why = f"ran past its time" if code is None else f"exited with status {code} and wrote no figures"
-        return f"Health check: the check itself {why} on {run.host} (its ranks' output is in the job's log)"
+        why = "ran past its time" if code is None else f"exited with status {code} and wrote no figures"
+        reason = f"Health check: the check itself {why} on {run.host} (its ranks' output is in the job's log)"
+        if check.on_failure == "continue":
+            run.say(f"{reason}; training starts all the same (health_check on_failure='continue')")
+            return ""
+        return reason
     for host, h in result["hosts"].items():
         figures = [f"compute {h['compute_tflops']:.3g} TFLOP/s" + (f" ({h['ratio']:.2f}x its peers)" if h["ratio"]
                                                                    else "")]
