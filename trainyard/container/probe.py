@@ -85,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         sync()
         elapsed = time.perf_counter() - start
         gbps = bus_bandwidth_gbps(numel * 4, elapsed / iters, world)
-        print(LINE.format(rank=rank, gbps=gbps, mib=numel * 4 / 2**20, iters=iters), flush=True)
+        # one write for the line and its newline: under PYTHONUNBUFFERED `print` writes them apart, and torchrun's
+        # tailer may put the other rank's line between them (no worker site here to make writes whole lines)
+        sys.stdout.write(LINE.format(rank=rank, gbps=gbps, mib=numel * 4 / 2**20, iters=iters) + "\n")
+        sys.stdout.flush()
     finally:
         dist.destroy_process_group()
     return 0
