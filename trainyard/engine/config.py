@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from trainyard.engine.components.formats import TOKEN_DTYPES, check_location_form
-from trainyard.parallel.layout import check_cp, check_experts, check_pipeline, check_tp
+from trainyard.parallel.layout import check_cp, check_experts, check_pipeline
 from trainyard.parallel.parallelism import Parallelism
 from trainyard.parallel.presets import MODEL_CONFIGS
 from trainyard.parallel.shapes import from_config
@@ -252,9 +252,7 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
                 f"micro_batch_size to {max(1, cfg.global_batch_size // (dp * s))} or change global_batch_size")
     if cfg.model in MODEL_CONFIGS:
         mcfg = MODEL_CONFIGS[cfg.model]
-        check_tp(tp=par.tp, n_heads=mcfg.n_heads, n_kv_heads=mcfg.n_kv_heads, ffn_hidden=from_config(mcfg).tp_mlp_hidden,
-                 ffn_name=from_config(mcfg).tp_mlp_name,
-                 vocab_size=mcfg.vocab_size, seq_len=cfg.seq_len)
+        from_config(mcfg).check_tp(par.tp, cfg.seq_len)
         check_experts(ep=par.ep, tp=par.tp, pp=par.pp, n_experts=mcfg.n_experts, model=cfg.model)
     check_cp(cp=par.cp, seq_len=cfg.seq_len, tp=par.tp)
     if par.pp > 1:

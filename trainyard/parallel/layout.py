@@ -22,7 +22,7 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 def check_tp(*, tp: int, n_heads: int, n_kv_heads: int, ffn_hidden: int | None, vocab_size: int,
              seq_len: int | None = None, ffn_name: str = "ffn_hidden") -> None:
     """ValueError unless every dimension tensor parallelism splits is a multiple of `tp` (`ffn_hidden`: the MLP
-    width it splits, None where none is, named `ffn_name`: `ModelShape.tp_mlp_hidden` and `tp_mlp_name`)."""
+    width it splits, None where none is, named `ffn_name`: `ModelShape.check_tp` gives both)."""
     if tp == 1:
         return
     for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), (ffn_name, ffn_hidden),

@@ -27,6 +27,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from trainyard.parallel.layout import check_tp
 from trainyard.parallel.presets import MODEL_CONFIGS, ModelConfig
 from trainyard.errors import ConfigError, did_you_mean
 
@@ -115,18 +116,14 @@ class ModelShape:
                     + self.dim * self.n_experts)
         return self.attention_params + (3 if self.gated_mlp else 2) * self.dim * self.ffn_hidden
 
-    @property
-    def tp_mlp_hidden(self) -> int | None:
-        """The MLP width tensor parallelism splits: the dense MLP's, or a mixture of experts' shared experts' (None
-        without: its routed experts stay whole on a rank)."""
-        if self.n_experts:
-            return self.n_shared_experts * self.expert_hidden or None
-        return self.ffn_hidden
-
-    @property
-    def tp_mlp_name(self) -> str:
-        """What `tp_mlp_hidden` is called in errors."""
-        return "n_shared_experts x expert_hidden" if self.n_experts else "ffn_hidden"
+    def check_tp(self, tp: int, seq_len: int | None = None) -> None:
+        """ValueError unless `tp` divides what tensor parallelism splits (layout.check_tp): the heads, the vocabulary,
+        the sequence, and the MLP width: the dense MLP's, or a mixture of experts' shared experts' (its routed
+        experts stay whole on a rank)."""
+        hidden, name = ((self.n_shared_experts * self.expert_hidden or None, "n_shared_experts x expert_hidden")
+                        if self.n_experts else (self.ffn_hidden, "ffn_hidden"))
+        check_tp(tp=tp, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, ffn_hidden=hidden, ffn_name=name,
+                 vocab_size=self.vocab_size, seq_len=seq_len)
 
     def experts_held_whole(self, *, ep: int, tp: int) -> bool:
         """Whether a rank holds its n_experts / ep experts whole, outside MiCS's sharding: under expert

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainyard.parallel.layout import check_cp, check_cp_pp, check_experts, check_pipeline, check_tp
+from trainyard.parallel.layout import check_cp, check_cp_pp, check_experts, check_pipeline
 from trainyard.job.distribution import typed
 from trainyard.job.catalog import LOCAL
 from trainyard.errors import ConfigError
@@ -92,8 +92,7 @@ def _valid(shape: ModelShape, layout: Layout, seq_len: int, world: int, gpus_per
     """The SDK's checks (those Estimator and the engine run) accept the layout."""
     try:
         typed(layout.distribution(), world_size=world, processes_per_host=gpus_per_host)
-        check_tp(tp=layout.tp, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, ffn_hidden=shape.tp_mlp_hidden,
-                 ffn_name=shape.tp_mlp_name, vocab_size=shape.vocab_size, seq_len=seq_len)
+        shape.check_tp(layout.tp, seq_len)
         check_cp(cp=layout.cp, seq_len=seq_len, tp=layout.tp)
         check_cp_pp(cp=layout.cp, pp=layout.pp, stages_take_cp=shape.pipeline_with_cp, model=shape.name)
         check_experts(ep=layout.ep, tp=layout.tp, pp=layout.pp, n_experts=shape.n_experts, model=shape.name,

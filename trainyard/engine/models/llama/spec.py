@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainyard.parallel.layout import check_tp
 from trainyard.parallel.shapes import from_config
 from trainyard.engine.models.llama.cp import apply_cp
 from trainyard.engine.models.llama.model import Transformer, init_weights
@@ -17,10 +16,7 @@ from trainyard.engine.protocols import ModelSpec, StageSplit
 
 
 def _check_tp(model: Transformer, tp: int) -> None:
-    cfg = model.config
-    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=from_config(cfg).tp_mlp_hidden,
-             ffn_name=from_config(cfg).tp_mlp_name,
-             vocab_size=cfg.vocab_size)
+    from_config(model.config).check_tp(tp)
 
 
 def spec_for(model: nn.Module) -> ModelSpec | None:

@@ -31,7 +31,6 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                loss_parallel, parallelize_module)
 
 from trainyard.engine.models.llama.moe import MoE
-from trainyard.parallel.layout import check_tp
 from trainyard.parallel.shapes import from_config
 
 
@@ -39,9 +38,7 @@ def apply_tp(model: nn.Module, tp_mesh, *, seq_len: int | None = None) -> nn.Mod
     """Shard `model` (a `Transformer` or a pipeline stage of one) over the 1-D `tp_mesh`, in place."""
     tp = tp_mesh.size()
     cfg = model.config
-    check_tp(tp=tp, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_hidden=from_config(cfg).tp_mlp_hidden,
-             ffn_name=from_config(cfg).tp_mlp_name,
-             vocab_size=cfg.vocab_size, seq_len=seq_len)
+    from_config(cfg).check_tp(tp, seq_len)
     if tp == 1:
         return model
     top = {}
