@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to 2.13.0, the local CPU wheel; any other spec pulls several GB of CUDA packages
 	$(PY) -m pip install --quiet 'torch==2.13.0'
-	$(PY) -m pip install --quiet -e '.[dev,hf,kernels,fp8,report,tensorboard,kubernetes]'
+	$(PY) -m pip install --quiet -e '.[dev,hf,peft,kernels,fp8,report,tensorboard,kubernetes]'
 	# pip compiles what it installs but not an editable project: without this every process of a job (each rank,
 	# driver and supervisor) compiles trainyard's sources again where PYTHONDONTWRITEBYTECODE is set (0.3 s a rank)
 	$(PY) -m compileall -q trainyard tests

@@ -3,7 +3,9 @@
 Each request is, with probability `rate`, answered with one of: 500 InternalError, 503 SlowDown, or a
 connection closed without an answer (after the request was read); otherwise it is forwarded unchanged.
 Seeded, bounded (it serves at most `max_requests` before it forwards everything), on 127.0.0.1 only.
-`down(seconds)` makes it an outage for that long: every request's connection is closed unanswered.
+`down(seconds)` makes it an outage for that long: every request's connection is closed unanswered. `hold`
+({path substring: seconds}) delays each PUT whose path holds the substring by that long before it is forwarded:
+a slow upload of one checkpoint step.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ _ERRORS = {
 
 
 class FaultyProxy:
-    def __init__(self, upstream: str, *, rate: float = 0.05, seed: int = 0, max_requests: int = 100_000) -> None:
+    def __init__(self, upstream: str, *, rate: float = 0.05, seed: int = 0, max_requests: int = 100_000,
+                 hold: dict[str, float] | None = None) -> None:
         self.upstream = urlsplit(upstream)
+        self.hold = hold or {}
         self.rate, self.random, self.max_requests = rate, random.Random(seed), max_requests
         self.lock = threading.Lock()
         self.counts = {"forwarded": 0, "500": 0, "503": 0, "dropped": 0}
@@ -51,6 +55,8 @@ class FaultyProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
+                if self.command == "PUT":
+                    time.sleep(max((s for part, s in proxy.hold.items() if part in self.path), default=0.0))
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 headers["Host"] = proxy.upstream.netloc

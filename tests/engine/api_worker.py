@@ -13,6 +13,8 @@ argv[1] is a JSON list of cases, argv[2] the output JSON. Kinds of case:
 - "export": train 1 step on `distribution`, save_model to `dir`; rank 0 also writes the logits of the trained
   model on a probe batch to `dir/probe.pt`. "reload": load_pretrained `dir` into a fresh model on
   `distribution` and return the worst difference of its logits from `dir/probe.pt`.
+- "busy": an asynchronous save to `uri` whose upload is committed but held on rank 0 alone (its purge waits):
+  te.checkpoint_busy() while held and after, as every rank answered: {"held": [...], "released": [...]}.
 """
 import json
 import sys
@@ -246,13 +248,44 @@ def run_reload(case: dict, ctx) -> dict:
     return {"worst_abs_diff": max(d for d, _ in diffs), "ranks_with_output": sum(o for _, o in diffs)}
 
 
+def run_busy(case: dict, ctx) -> dict:
+    import threading
+
+    from trainyard.engine.components.checkpoint import manager
+
+    entered, release = threading.Event(), threading.Event()
+    purge = manager.purge
+
+    def held_purge(*args, **kwargs):  # rank 0's background thread, after the step is committed
+        entered.set()
+        release.wait(60)
+        return purge(*args, **kwargs)
+
+    model = te.transform(fresh("mlp"), seed=SEED)
+    opt = optimizer(model.parameters())
+    assert not te.checkpoint_busy(case["uri"])  # nothing saved to it yet
+    manager.purge = held_purge
+    te.save_checkpoint(model, opt, 1, uri=case["uri"])
+    if ctx.rank == 0:
+        assert entered.wait(60)
+    dist.barrier()
+    answers = {"held": te.checkpoint_busy(case["uri"])}
+    release.set()
+    assert te.wait_for_checkpoints()
+    manager.purge = purge
+    answers["released"] = te.checkpoint_busy(case["uri"])
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, answers)
+    return {key: [g[key] for g in gathered] for key in answers}
+
+
 def main() -> None:
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     ctx = te.init()
     results = {}
     for case in cases:
         fn = {"oracle": run_oracle, "curve": run_curve, "export": run_export, "reload": run_reload,
-              "evaluate": run_evaluate, "refused": run_refused}[case["kind"]]
+              "evaluate": run_evaluate, "refused": run_refused, "busy": run_busy}[case["kind"]]
         results[case["name"]] = fn(case, ctx)
     if ctx.rank == 0:
         with open(out, "w") as fh:

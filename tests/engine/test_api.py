@@ -315,7 +315,8 @@ def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_pat
         {"name": "export", "kind": "export", "distribution": {"tensor_parallel_degree": 2}, "dir": str(out)},
         {"name": "reload", "kind": "reload", "distribution": {"mics": {"partition_group_size": 2}},
          "dir": str(out)},
-        {"name": "reload pp2", "kind": "reload", "distribution": {"pipeline_parallel_degree": 2}, "dir": str(out)}],
+        {"name": "reload pp2", "kind": "reload", "distribution": {"pipeline_parallel_degree": 2}, "dir": str(out)},
+        {"name": "busy", "kind": "busy", "uri": str(tmp_path / "ckpt")}],
         tmp_path)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     loaded = AutoModelForCausalLM.from_pretrained(str(out))
@@ -323,6 +324,8 @@ def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_pat
     assert (loaded(probe()).logits - want).abs().max().item() < 1e-5
     assert results["reload"]["worst_abs_diff"] < 1e-5
     assert results["reload pp2"]["worst_abs_diff"] < 1e-5 and results["reload pp2"]["ranks_with_output"] == 2
+    # (the same launch) an upload still in flight on rank 0 alone is in flight for every rank: all skip or all save
+    assert results["busy"] == {"held": [True] * 4, "released": [False] * 4}
 
 
 def test_a_partial_init_is_refused_by_name(engine):

@@ -1,4 +1,6 @@
 """Checkpoint layout, commit marker, retention, and a save/load round trip (local and S3)."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -389,6 +391,31 @@ def test_the_manager_saves_waits_resumes_and_keeps_what_the_last_save_asked(uri)
     assert ckpt.list_steps(uri) == {2: True, 3: True, 4: True}
     fresh, fresh_opt, fresh_sched = _setup(seed=1)
     assert manager.resume(fresh, fresh_opt, fresh_sched) == 4 and manager.newest_verified() == 4
+    # the figures of the blocking save and of the load; the asynchronous saves' come through busy() (below)
+    io = manager.take_io()
+    assert [(e["op"], e["step"]) for e in io] == [("save", 4), ("load", 4)] and manager.take_io() == []
+    files = sum(f.stat().st_size for f in Path(uri).glob("step-00000004/rank-*/*.distcp")) if "://" not in uri else None
+    assert io[0]["bytes_per_rank"] == io[1]["bytes_per_rank"] == ([files] if files else io[0]["bytes_per_rank"])
+    assert io[0]["bytes_per_rank"][0] > 10_000 and all(e["gbps_per_rank"][0] > 0 for e in io)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_save_due_while_the_last_upload_is_in_flight_is_known_as_busy(tmp_path, monkeypatch):
+    """busy(): the last asynchronous save still uploading (held here in its purge, after the commit); once it is
+    done, busy() is False and records its figures. The agreement of every rank: tests/engine/test_api.py."""
+    import threading
+
+    model, opt, sched = _setup(seed=0)
+    manager = ckpt.CheckpointManager(str(tmp_path / "ckpt"), say=lambda m: None)
+    assert not manager.busy()  # nothing saved yet
+    release = threading.Event()
+    monkeypatch.setattr(ckpt.manager, "purge", lambda *a, **k: release.wait(30))
+    manager.save(1, model, opt, sched)
+    assert manager.busy() and manager.take_io() == []
+    release.set()
+    assert manager.wait() and not manager.busy()
+    (save,) = manager.take_io()
+    assert save["op"] == "save" and save["step"] == 1 and save["bytes_per_rank"][0] > 10_000
 
 
 def test_a_stalled_store_request_times_out_within_the_read_timeout(monkeypatch):

@@ -61,7 +61,7 @@ from trainyard.engine.models import float8
 from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, describe_choices, plan_backends, swap_kernels
 from trainyard.kernels.auto import as_record
 from trainyard.engine.quiet import quiet
-from trainyard.engine.models.hf import weights as hf_weights
+from trainyard.engine.models.hf import adapters, weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
 
 _LAYOUT = "_trainyard_layout"  # the attribute of a transformed model that holds its Parallelized
@@ -205,6 +205,25 @@ def wait_for_checkpoints() -> bool:
         for saver in _current._savers.values():
             ok = saver.wait() and ok
     return ok
+
+
+def checkpoint_busy(uri: str | None = None) -> bool:
+    """Whether the last asynchronous save to `uri` (default: the job's checkpoint location) is still uploading on
+    any rank (a collective: every rank gets the same answer). A loop that would rather skip a save than wait for a
+    slow store asks this first: `if not checkpoint_busy(): save_checkpoint(...)`. False where nothing is saved."""
+    uri = _uri(uri)
+    ctx = current()
+    return bool(uri) and uri in ctx._savers and ctx._savers[uri].busy()
+
+
+def checkpoint_io(uri: str | None = None) -> list[dict]:
+    """The figures of the saves and loads at `uri` (default: the job's checkpoint location) finished since the last
+    call, oldest first: {"op": "save" or "load", "step", "bytes_per_rank", "gbps_per_rank"} (each rank's share
+    and its rate; an asynchronous save's are gathered by the next `checkpoint_busy`, its upload being in the
+    background). [] where nothing was saved or loaded."""
+    uri = _uri(uri)
+    ctx = current()
+    return ctx._savers[uri].take_io() if uri and uri in ctx._savers else []
 
 
 def _layout(model: nn.Module) -> Parallelized:
@@ -474,12 +493,14 @@ _NO_LOCATION = {"save_checkpoint": "nothing is saved", "load_checkpoint": "train
 
 def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, *, uri: str | None = None,
                     extra: dict | None = None, scheduler=None, blocking: bool = False,
-                    keep_last: int = ckpt.DEFAULT_KEEP_LAST) -> float:
+                    keep_last: int = ckpt.DEFAULT_KEEP_LAST, trainable_only: bool = False) -> float:
     """Save step `step` (a collective): model, optimizer, `scheduler` and `extra` (numbers or tensors), to
     `uri` (default: the job's checkpoint location). Asynchronous unless `blocking`: the call returns once the
     state is staged in host memory (the seconds it blocked), at most one save in flight; committed by
     `.metadata`, verified on load, older steps purged beyond `keep_last`; a float16 model's loss scaler is saved
-    with it. A job without a checkpoint location
+    with it. `trainable_only`: of the model, only the parameters that train (requires_grad: a PEFT model's
+    adapters), with their optimizer state; `load_checkpoint` loads them over the frozen weights the model has (load
+    the base model first, e.g. with `load_pretrained`). A job without a checkpoint location
     (no `checkpoint_s3_uri`) and no `uri`: nothing is saved, said once; the same script runs with and without."""
     par = _layout(model)
     uri = _uri(uri)
@@ -489,7 +510,8 @@ def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, step: in
         return 0.0
     heartbeat.set_phase("checkpoint")
     return _checkpoints(ctx, uri, keep_last).save(step, model, optimizer, scheduler, extra=extra,
-                                                  scaler=_saved_scaler(par), blocking=blocking)
+                                                  scaler=_saved_scaler(par), blocking=blocking,
+                                                  trainable_only=trainable_only)
 
 
 def _saved_scaler(par: Parallelized) -> GradScaler | None:
@@ -546,12 +568,30 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for part in parts if part for k, v in part.items()} if rank == 0 else {}
 
 
-def save_model(model: nn.Module, path: str, *, max_shard_size: int = 5 * 2**30) -> None:
+def save_model(model: nn.Module, path: str, *, max_shard_size: int = 5 * 2**30, merged: bool = False) -> None:
     """The full weights, written by rank 0 to `path` (a directory or `s3://` prefix; a collective). A Hugging
     Face model is written as `from_pretrained` loads it (config.json + safetensors, sharded with an index above
-    `max_shard_size` bytes); any other model as safetensors plus `trainyard_model.json`."""
+    `max_shard_size` bytes); any other model as safetensors plus `trainyard_model.json`. A PEFT model: its
+    adapters as PEFT writes them (adapter_config.json + adapter_model.safetensors, for
+    `PeftModel.from_pretrained`), or with `merged` the base model with the adapters merged into its weights, as a
+    Hugging Face model."""
     par = _layout(model)
     state = full_state_dict(model)
+    if adapters.is_peft(model):
+        if dist.get_rank() == 0:
+            if merged:
+                inner = adapters.inner_model(model)
+                config = copy.deepcopy(inner.config)
+                config.architectures = [type(inner).__name__]
+                tied = dict(getattr(inner, "_tied_weights_keys", None) or {}) if config.tie_word_embeddings else None
+                hf_weights.write_pretrained(adapters.merged_state(model, state), path, config=config,
+                                            max_shard_size=max_shard_size, tied=tied)
+            else:
+                adapters.write_adapter(model, state, path)
+        dist.barrier()
+        return
+    if merged:
+        raise ValueError(f"save_model(merged=True) merges PEFT adapters; {par.spec.name} has none: leave merged out")
     if dist.get_rank() == 0:
         config = getattr(model, "config", None) if par.spec.name.startswith("hf:") else None
         if config is not None:
@@ -575,6 +615,8 @@ def load_pretrained(model: nn.Module, path_or_uri: str, *, strict: bool = True) 
         stages: list = [None] * par.dims.pp
         dist.all_gather_object(stages, sorted(mine), group=par.dims.mesh.get_group("pp"))
         elsewhere = frozenset(n for names in stages for n in names) - mine
-    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict, elsewhere=elsewhere)
+    # a PEFT model: the base model's files, into the weights its LoRA layers wrap (the adapters are not in them)
+    targets = adapters.base_tensors(model, hf_weights.model_tensors(model)) if adapters.is_peft(model) else None
+    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict, elsewhere=elsewhere, targets=targets)
     dist.barrier()
     return report

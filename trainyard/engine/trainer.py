@@ -310,9 +310,15 @@ class Trainer:
                     t1 = time.perf_counter()
                     self.sdc.check(self.model, step)
                     record["sdc_check_s"] = time.perf_counter() - t1
-                blocked = 0.0
-                if saving:
-                    blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async)
+                blocked, warnings = 0.0, [f"straggler: {s}" for s in named]
+                # a save due while the last upload is still in flight on some rank is skipped on every rank: the loop
+                # never waits on a slow or unreachable store (the last step's save waits, as the job ends with it)
+                if saving and cfg.checkpoint_async and step != cfg.steps and api.checkpoint_busy(self.uri):
+                    warnings.append(f"checkpoint step {step} skipped: step {self.saved_step}'s upload is still in "
+                                    "flight (the store is slow or unreachable)")
+                    self.log(f"WARNING: {warnings[-1]}")
+                elif saving:  # the last step's save blocks: the job ends with it, and its figures are in its row
+                    blocked = self.checkpoint(step, blocking=not cfg.checkpoint_async or step == cfg.steps)
                 row = {**record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
                        "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
                        "compute_s": compute, "comm_intra_s": comm["intra_s"],
@@ -322,8 +328,11 @@ class Trainer:
                        "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"]}
                 if ranks_compute:  # every rank's compute of the steps compared now (the report plots them)
                     row["rank_compute_s"] = {str(s): v for s, v in ranks_compute.items()}
-                if named:
-                    row["warnings"] = [f"straggler: {s}" for s in named]
+                if warnings:
+                    row["warnings"] = warnings
+                io = api.checkpoint_io(self.uri) if self.uri else []
+                if io:  # each save's and load's bytes and GB/s per rank, once finished on every rank
+                    row["checkpoint_io"] = io
                 if cuda:
                     row["peak_memory_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)
                 if first:

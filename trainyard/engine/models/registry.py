@@ -1,15 +1,15 @@
 """Which spec a model gets: the built-in Llama-style `Transformer`, a Hugging Face causal LM (when
-transformers is installed), else the generic spec for any `nn.Module`; then the user's overrides."""
+transformers is installed) or PEFT LoRA adapters over one, else the generic spec for any `nn.Module`; then the user's overrides."""
 from __future__ import annotations
 
 from torch import nn
 
 from trainyard.engine.models import generic
-from trainyard.engine.models.hf import spec as hf_spec
+from trainyard.engine.models.hf import adapters, spec as hf_spec
 from trainyard.engine.models.llama import spec as llama_spec
 from trainyard.engine.protocols import ModelSpec
 
-FAMILIES = (llama_spec.spec_for, hf_spec.spec_for)
+FAMILIES = (llama_spec.spec_for, hf_spec.spec_for, adapters.spec_for)
 
 
 def resolve_spec(model: nn.Module, *, blocks=None, tp_plan: dict | None = None) -> ModelSpec:

@@ -27,6 +27,7 @@ import math
 import os
 import pickle
 import struct
+import time
 import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -152,6 +153,7 @@ class VerifiedWriter(FsspecWriter):
         hashing = _HashingFileSystem(os.fspath(self.path))
         hashing.fs = self.fs.fs
         self.fs = hashing
+        self.moved: tuple[int, float] = (0, 0.0)  # this rank's bytes written and seconds, once written
 
     def prepare_global_plan(self, plans):
         """Each rank's files under a prefix of its own (`rank-00003/__3_0.distcp`): object stores scale
@@ -167,12 +169,15 @@ class VerifiedWriter(FsspecWriter):
                              "only (store numbers as tensors)")
         if len(set(names)) != len(names):  # a safetensors file holds one tensor per name
             raise ValueError(f"this rank holds several shards of {sorted({n for n in names if names.count(n) > 1})[:5]}")
+        start = time.perf_counter()
         future = super().write_data(plan, planner)
         future.wait()  # the base class writes synchronously; the manifest must follow the data
         if self.fs.written:
             name = manifest_of(sorted(self.fs.written)[0])  # one per rank: ranks never collide
             with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as f:
                 f.write(json.dumps(self.fs.written, sort_keys=True).encode())
+        # this rank's share: its data files' bytes, and the seconds from serialising them to the manifest written
+        self.moved = (sum(f["size"] for f in self.fs.written.values()), time.perf_counter() - start)
         return future
 
 
@@ -285,6 +290,7 @@ class SafeReader(FsspecReader):
         super().__init__(path, **kwargs)
         self.fs = _WholeFileReads(self.fs, self.path, verify)
         self._metadata: Metadata | None = None
+        self.moved: tuple[int, float] = (0, 0.0)  # this rank's bytes read and seconds, once read
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         from torch.distributed.checkpoint.metadata import StorageMeta
@@ -303,11 +309,13 @@ class SafeReader(FsspecReader):
         copied the next one is fetched (at most two files in memory), and its CRC-32 runs on another
         thread (zlib and torch's copy both release the GIL); a mismatch fails the load as any damage
         does, and the caller then loads an older step over whatever was copied."""
+        start = time.perf_counter()
         per_file: dict[str, list] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         names = list(per_file)
         paths = [self.fs.concat_path(self.path, name) for name in names]
+        moved = 0
         with ThreadPoolExecutor(1, thread_name_prefix="ckpt-fetch") as fetcher, \
                 ThreadPoolExecutor(1, thread_name_prefix="ckpt-crc") as checker:
             fetched = fetcher.submit(self.fs.read_file, paths[0]) if paths else None
@@ -322,7 +330,10 @@ class SafeReader(FsspecReader):
                     checked.result()  # a checksum mismatch explains it better
                     raise
                 checked.result()
+                moved += len(data)
                 del data
+        # this rank's share: the bytes it read, and the seconds from the first request to the last copy
+        self.moved = (moved, time.perf_counter() - start)
         future: Future = Future()
         future.set_result(None)
         return future

@@ -19,20 +19,27 @@ from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeRea
 from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, committed_steps, is_remote,
                                                               purge, step_uri, storage_options)
 from trainyard.engine.components.contract import DIRECT_CHECKPOINTS
-from trainyard.engine.components.checkpoint.state import SCALER_KEY, holds, state_of, write_model_config
+from trainyard.engine.components.checkpoint.state import (SCALER_KEY, holds, saved_model_names, state_of,
+                                                          trainable_names, write_model_config)
 
 
 def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, keep_last: int = DEFAULT_KEEP_LAST,
-                    extra: dict | None = None, scaler=None) -> str:
+                    extra: dict | None = None, scaler=None, moved: list | None = None,
+                    trainable_only: bool = False) -> str:
     """Save synchronously to `<uri>/step-N` (a collective: every rank calls it); then rank 0 purges
-    old steps. Returns the step's URI. `scaler`: a float16 run's loss scaler (a Stateful), saved beside."""
+    old steps. Returns the step's URI. `scaler`: a float16 run's loss scaler (a Stateful), saved beside. `moved`,
+    when given, gets this rank's (bytes written, seconds). `trainable_only`: of the model, the parameters that
+    train alone (a fine-tuning run's adapters; the frozen base is loaded from its own files)."""
     target = step_uri(uri, step)
-    state = state_of(model, optimizer, scheduler, step, extra, scaler)
+    only = trainable_names(model) if trainable_only else None
+    state = state_of(model, optimizer, scheduler, step, extra, scaler, only)
     # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
     writer = VerifiedWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
     write_model_config(target, model)
     dcp.save(state, storage_writer=writer)
+    if moved is not None:
+        moved.append(writer.moved)
     # dcp.save returns on every rank only after the coordinator wrote .metadata: the step is committed.
     if not dist.is_initialized() or dist.get_rank() == 0:
         purge(uri, keep_last, protect=step)
@@ -53,14 +60,16 @@ class AsyncSaver:
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self.pending: tuple[int, Future] | None = None
         self.failed: list[int] = []
+        self.done: tuple[int, int, float] = (0, 0, 0.0)  # the last committed save: step, this rank's bytes, seconds
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None,
-             scaler=None) -> float:
+             scaler=None, trainable_only: bool = False) -> float:
         """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
         start = time.perf_counter()
         self.wait()
-        state = state_of(model, optimizer, scheduler, step, extra, scaler)
+        only = trainable_names(model) if trainable_only else None
+        state = state_of(model, optimizer, scheduler, step, extra, scaler, only)
         writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
                                 **storage_options(self.uri))
         try:  # only rank 0 writes it: a failure here must not keep it out of the collective save
@@ -71,23 +80,28 @@ class AsyncSaver:
                                 no_dist=not self.distributed)
         upload = getattr(upload, "upload_completion", upload)
         purges = not self.distributed or dist.get_rank() == 0
-        self.pending = (step, self._finisher.submit(self._finish, step, upload, purges))
+        self.pending = (step, self._finisher.submit(self._finish, step, upload, writer, purges))
         return time.perf_counter() - start
 
     @functools.cached_property
     def _finisher(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(1, thread_name_prefix="ckpt-finish")
 
-    def _finish(self, step: int, upload, purges: bool) -> None:
+    def _finish(self, step: int, upload, writer: VerifiedWriter, purges: bool) -> None:
         """In the background: wait for the upload; once it is committed, purge old steps (rank 0). A failed
         purge is reported and leaves the steps for the next one."""
         upload.result()
+        self.done = (step, *writer.moved)
         self.say(f"checkpoint step {step} saved to {step_uri(self.uri, step)}")
         if purges:
             try:
                 purge(self.uri, self.keep_last, protect=step)
             except Exception as e:  # noqa: BLE001 - the step is committed whatever the purge does
                 self.say(f"WARNING: purging old checkpoints under {self.uri} failed ({e}); the next save retries")
+
+    def in_flight(self) -> bool:
+        """Whether this rank's last save is still uploading (or purging)."""
+        return self.pending is not None and not self.pending[1].done()
 
     def wait(self) -> bool:
         """Finish the save in flight, if any; False when it failed (reported)."""
@@ -109,29 +123,50 @@ class AsyncSaver:
 
 def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None,
-                    scaler=None, warn=print) -> int:
+                    scaler=None, warn=print, moved: list | None = None) -> int:
     """Load step `step` from `uri` into model, optimizer, scheduler, `extra` (filled in place) and `scaler` (a
-    collective). Returns the step. A step saved without a loss scaler (by a bfloat16 or float32 run) leaves
+    collective). Returns the step; `moved`, when given, gets this rank's (bytes read, seconds). A step saved
+    without a loss scaler (by a bfloat16 or float32 run) leaves
     `scaler` as it is, said by `warn` on rank 0."""
     target = step_uri(uri, step)
-    state = state_of(model, optimizer, scheduler, 0, extra, scaler)
-    trainer = state["trainer"]
     reader = SafeReader(target, verify=True, **storage_options(uri))
     metadata = reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
+    state = state_of(model, optimizer, scheduler, 0, extra, scaler, _saved_part(model, metadata, target, warn))
+    trainer = state["trainer"]
     if scaler is not None and not holds(metadata, SCALER_KEY):
         del state[SCALER_KEY]
         if not dist.is_initialized() or dist.get_rank() == 0:
             warn(f"checkpoint step {step} at {uri} holds no loss-scaler state (saved by a run without float16): "
                  f"the loss scaling starts afresh ({scaler!r})")
     dcp.load(state, storage_reader=reader)
+    if moved is not None:
+        moved.append(reader.moved)
     if trainer.step != step:
         raise ValueError(f"checkpoint {target} holds step {trainer.step}, expected {step}")
     return trainer.step
 
 
+def _saved_part(model: nn.Module, metadata, target: str, warn) -> set[str] | None:
+    """The model entries to load from a step: None (all) when it holds every parameter; those it holds when it was
+    saved with trainable_only and holds every parameter that trains here (the others keep their weights, said on
+    rank 0). A step without some trainable parameter is refused, naming them."""
+    saved, names = saved_model_names(metadata), {n for n, _ in model.named_parameters()}
+    if names <= saved:
+        return None
+    missing = sorted(trainable_names(model) - saved)
+    if missing:
+        raise ValueError(f"checkpoint {target} holds no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                         f"({len(missing)} trainable parameters of this model): it was saved from another model or "
+                         "with other adapters; resume from a checkpoint of this model")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        warn(f"checkpoint {target} holds the trainable parameters only ({len(names & saved)} of {len(names)}): the "
+             "others keep the weights they have (the base model's, loaded before)")
+    return saved
+
+
 def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
            scheduler: torch.optim.lr_scheduler.LRScheduler | None, warn=print, *, extra: dict | None = None,
-           scaler=None) -> int | None:
+           scaler=None, moved: list | None = None) -> int | None:
     """Load the newest committed step under `uri` that verifies (a collective); None when there is none.
 
     Each data file is checked against its manifest as it is read, so damage anywhere fails the load on
@@ -142,7 +177,8 @@ def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
     problems = []
     for step in committed_steps(uri):
         try:
-            return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra, scaler=scaler, warn=warn)
+            return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra, scaler=scaler, warn=warn,
+                                   moved=moved)
         except (CheckpointDamaged, CheckpointException) as e:
             problem = damage(e)
             problems.append(f"step {step}: {problem}")
@@ -209,38 +245,85 @@ _MARKED: set[str] = set()
 
 class CheckpointManager:
     """One checkpoint location's saves and loads: `save` (asynchronous unless `blocking`; at most one in
-    flight), `wait` (the save in flight; False when it failed and was not committed), `resume` (the newest
-    verified step, loaded), `newest_verified` (its number, nothing loaded)."""
+    flight), `wait` (the save in flight; False when it failed and was not committed), `busy` (whether that upload is
+still in flight on any rank), `resume` (the newest
+    verified step, loaded), `newest_verified` (its number, nothing loaded), `take_io` (each finished save's and
+    load's bytes and GB/s per rank)."""
 
     def __init__(self, uri: str, *, keep_last: int = DEFAULT_KEEP_LAST, say=print) -> None:
         self.uri, self.keep_last, self.say = uri, keep_last, say
         self._saver: AsyncSaver | None = None
+        self._group = None  # a gloo group of the manager's own gathers (made by the first; uploads use the saver's)
+        self._reported = 0  # the last asynchronous save whose figures are in `io`
+        self.io: list[dict] = []  # the saves and loads finished and gathered from every rank, not yet taken
+
+    def _gather(self, values: list[float]) -> list[list[float]]:
+        """`values` from every rank, in rank order (a collective)."""
+        if not dist.is_initialized():
+            return [values]
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        mine = torch.tensor(values, dtype=torch.float64)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine, group=self._group)
+        return [t.tolist() for t in every]
+
+    def _record(self, op: str, step: int, moved: list[list[float]]) -> None:
+        """One save's or load's figures: each rank's bytes and GB/s."""
+        self.io.append({"op": op, "step": step, "bytes_per_rank": [int(b) for b, _ in moved],
+                        "gbps_per_rank": [round(b / s / 1e9, 4) if s > 0 else 0.0 for b, s in moved]})
+
+    def take_io(self) -> list[dict]:
+        """The figures of the saves and loads recorded since the last call (each rank's bytes and GB/s)."""
+        taken, self.io = self.io, []
+        return taken
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
-             scaler=None, blocking: bool = False) -> float:
+             scaler=None, blocking: bool = False, trainable_only: bool = False) -> float:
         """Save step `step` (a collective); returns the seconds the caller was blocked."""
         if blocking:
             t0 = time.perf_counter()
             self.wait()
             mark_direct(self.uri, self.say)
+            moved: list = []
             save_checkpoint(self.uri, step, model, optimizer, scheduler, keep_last=self.keep_last, extra=extra,
-                            scaler=scaler)
-            return time.perf_counter() - t0
+                            scaler=scaler, moved=moved, trainable_only=trainable_only)
+            blocked = time.perf_counter() - t0
+            self._record("save", step, self._gather(list(moved[0])))
+            return blocked
         if self._saver is None:
             mark_direct(self.uri, self.say)
             self._saver = AsyncSaver(self.uri, keep_last=self.keep_last, say=self.say)
         self._saver.keep_last = self.keep_last  # the save's own keep_last, as a blocking save has it
-        return self._saver.save(step, model, optimizer, scheduler, extra=extra, scaler=scaler)
+        return self._saver.save(step, model, optimizer, scheduler, extra=extra, scaler=scaler,
+                                trainable_only=trainable_only)
 
     def wait(self) -> bool:
         return True if self._saver is None else self._saver.wait()
+
+    def busy(self) -> bool:
+        """Whether the last asynchronous save is still uploading on any rank (a collective once this location
+        has saved asynchronously; before that False everywhere): a save due now would wait for it. The same
+        gather records the figures of an upload that every rank has finished."""
+        if self._saver is None:
+            return False
+        step, size, seconds = self._saver.done
+        every = self._gather([float(self._saver.in_flight()), step, size, seconds])
+        if all(int(r[1]) == step for r in every) and step > self._reported:
+            self._reported = step
+            self._record("save", step, [r[2:] for r in every])
+        return any(r[0] for r in every)
 
     def resume(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
                scaler=None, warn=print) -> int | None:
         self.wait()
-        return resume(self.uri, model, optimizer, scheduler, warn, extra=extra, scaler=scaler)
+        moved: list = []
+        step = resume(self.uri, model, optimizer, scheduler, warn, extra=extra, scaler=scaler, moved=moved)
+        if step is not None:
+            self._record("load", step, self._gather(list(moved[-1])))
+        return step
 
     def newest_verified(self, warn=print) -> int | None:
         self.wait()

@@ -24,24 +24,43 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class ModelOptimState(Stateful):
-    """Model and optimizer through DCP's state-dict API (FSDP2-aware, reshards on load)."""
+    """Model and optimizer through DCP's state-dict API (FSDP2-aware, reshards on load). `only`: the model entries
+    saved or loaded (the trainable parameters of a fine-tuning run; None: all); the others are left as they are."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, only: set[str] | None = None) -> None:
+        self.model, self.optimizer, self.only = model, optimizer, only
+
+    def _model(self, model_sd: dict[str, Any]) -> dict[str, Any]:
+        return model_sd if self.only is None else {k: v for k, v in model_sd.items() if k in self.only}
 
     def state_dict(self) -> dict[str, Any]:
         if self.optimizer is None:  # loading weights only: the model's entries alone are requested
-            return {"model": get_model_state_dict(self.model, options=_OPTIONS)}
+            return {"model": self._model(get_model_state_dict(self.model, options=_OPTIONS))}
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
-        return {"model": model_sd, "optim": to_tensors(optim_sd)}
+        return {"model": self._model(model_sd), "optim": to_tensors(optim_sd)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        options = _OPTIONS if self.only is None else _PARTIAL
         if self.optimizer is None:
-            set_model_state_dict(self.model, state_dict["model"], options=_OPTIONS)
+            set_model_state_dict(self.model, state_dict["model"], options=options)
             return
         _, template = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=from_tensors(state_dict["optim"], template), options=_OPTIONS)
+                       optim_state_dict=from_tensors(state_dict["optim"], template), options=options)
+
+
+_PARTIAL = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
+
+
+def trainable_names(model: nn.Module) -> set[str]:
+    """The state-dict names of the parameters that train (requires_grad)."""
+    return {name for name, p in model.named_parameters() if p.requires_grad}
+
+
+def saved_model_names(metadata) -> set[str]:
+    """The model entries a step's DCP metadata holds."""
+    head = "app.model."
+    return {k[len(head):] for k in metadata.state_dict_metadata if k.startswith(head)}
 
 
 _GROUP_PREFIX = "param_groups."
@@ -155,8 +174,9 @@ class ExtraState(Stateful):
 
 
 def state_of(model, optimizer, scheduler, step: int, extra: dict | None,
-             scaler: Stateful | None = None) -> dict[str, Stateful]:
-    state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer), "trainer": TrainerState(scheduler, step)}
+             scaler: Stateful | None = None, only: set[str] | None = None) -> dict[str, Stateful]:
+    state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer, only),
+                                  "trainer": TrainerState(scheduler, step)}
     if extra:
         state["extra"] = ExtraState(extra)
     if scaler is not None:

@@ -254,7 +254,7 @@ class _Read:
 
 
 def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
-                         elsewhere: frozenset[str] = frozenset()) -> dict:
+                         elsewhere: frozenset[str] = frozenset(), targets: dict | None = None) -> dict:
     """Copy safetensors weights at `source` (a directory or `s3://` prefix holding model.safetensors or
     model.safetensors.index.json and its files, or one `.safetensors` file) into `model`'s parameters and
     persistent buffers, plain tensors or DTensors (FSDP2 / TP: Shard, _StridedShard, Replicate), in place.
@@ -263,14 +263,16 @@ def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
     anything is copied: missing or unexpected names raise `WeightNamesError` (a KeyError) unless
     `strict=False` (then a warning; the names both have are loaded); a name the file lacks is fine when
     the model ties it to one the file has; a name in `elsewhere` (held by another pipeline stage) is not
-    unexpected. Returns {"tensors": copied, "bytes_read": bytes this rank
+    unexpected. `targets`: the tensors to fill by the files' names (default: the model's, by its state-dict
+    names). Returns {"tensors": copied, "bytes_read": bytes this rank
     fetched (headers included), "files": file names, "missing": [...], "unexpected": [...]}.
     """
     _check_uri(source)
     fs, root = _fs(source)
     files = _weight_files(fs, root, source)
     entries, bytes_read = _read_headers(fs, files)
-    plan, missing, unexpected = _match_names(model_tensors(model), entries, source, strict, elsewhere)
+    plan, missing, unexpected = _match_names(model_tensors(model) if targets is None else targets, entries, source,
+                                             strict, elsewhere)
     _check_targets(plan, entries, source)
     with torch.no_grad():
         reads = [_plan_read(name, tensor, entries[name]) for name, tensor in plan]

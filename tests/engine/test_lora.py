@@ -1,0 +1,80 @@
+"""LoRA adapters (peft) through the engine (issue 37): on 2 hosts x 2 processes, an HF Llama and an HF Qwen2 with
+tied embeddings, each under MiCS p=2 and TP=2 x MiCS, train as one unsharded process does (losses and adapter
+weights within 1e-5), only the adapters change (the frozen weights bit for bit), only they hold optimizer state;
+the adapter export loads with `PeftModel.from_pretrained` and gives the trained model's logits; a checkpoint of the
+adapters alone, resumed on 1 host x 2 over the base loaded from its safetensors, continues the loss curve. The
+refusals: other adapter types, DoRA, pipeline parallelism, a meta-device build (tests/engine/lora_worker.py)."""
+import json
+import os
+
+import pytest
+import torch
+
+from .launch import run_on_two_hosts
+
+WORKER = os.path.join(os.path.dirname(__file__), "lora_worker.py")
+TOL = 1e-5
+
+
+@pytest.mark.slow
+def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on_another_layout(tmp_path):
+    uri, base, export = str(tmp_path / "ckpt"), str(tmp_path / "base"), str(tmp_path / "adapter")
+    cases = [{"name": "llama mics p2", "family": "llama", "tie": False, "layout": "mics p2", "steps": 4,
+              "export": export, "uri": uri, "save_at": 2, "base": base},
+             {"name": "llama tp2 x mics", "family": "llama", "tie": False, "layout": "tp2 x mics", "steps": 3},
+             {"name": "qwen2 tied mics p2", "family": "qwen2", "tie": True, "layout": "mics p2", "steps": 3,
+              "export": str(tmp_path / "qwen2-adapter")},
+             {"name": "qwen2 tied tp2 x mics", "family": "qwen2", "tie": True, "layout": "tp2 x mics", "steps": 3}]
+    pipelined = {"name": "pp2", "family": "llama", "tie": False, "layout": "pp2 x mics", "refused": True}
+    results = run_on_two_hosts(WORKER, cases + [pipelined], tmp_path)
+    assert "pipeline_parallel_degree 2: the engine cannot cut peft:hf:LlamaForCausalLM" in results["pp2"]["refused"]
+    for case in cases:
+        got = results[case["name"]]
+        assert got["loss_err"] <= TOL and got["weight_err"] <= TOL, (case["name"], got["worst"], got)
+        assert got["frozen_changed"] == [] and got["adapters_unchanged"] == [], (case["name"], got)
+        # 4 layers x 7 wrapped linears x (A, B); the optimizer holds state for them and for nothing else
+        assert got["adapters"] == 56 and len(got["stateful"]) == 56 and all(".lora_" in n for n in got["stateful"])
+        if "export" in case:
+            assert got["export_err"] <= TOL, (case["name"], got["export_err"])
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and saved["peft_type"] == "LORA" and sorted(saved["target_modules"])
+    # the checkpoint holds the adapters and their optimizer state, not the frozen base
+    from trainyard.engine.components import checkpoint as ckpt
+    from trainyard.engine.components.checkpoint.io import SafeReader
+
+    keys = SafeReader(ckpt.step_uri(uri, 2)).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("app.model.")]
+    assert len(model_keys) == 56 and all(".lora_" in k for k in model_keys)
+
+    run = tmp_path / "resume"
+    run.mkdir()
+    resumed = run_on_two_hosts(WORKER, [{**cases[0], "resume": True, "export": None}], run, hosts=1)
+    want = results["llama mics p2"]["losses"]
+    got = resumed["llama mics p2"]["losses"]
+    assert sorted(got) == ["3", "4"]
+    assert got == pytest.approx({k: want[k] for k in got}, rel=TOL)
+    assert resumed["llama mics p2"]["frozen_changed"] == []
+
+
+def test_other_adapters_and_meta_builds_are_refused_by_name(engine):
+    from peft import IA3Config, LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trainyard.engine as te
+
+    from . import families
+
+    def llama(device="cpu"):
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(families.config("llama"))
+
+    ia3 = get_peft_model(llama(), IA3Config(target_modules=["k_proj", "v_proj", "down_proj"],
+                                            feedforward_modules=["down_proj"]))
+    with pytest.raises(ValueError, match="IA3Config: the engine trains LoRA adapters"):
+        te.transform(ia3)
+    dora = get_peft_model(llama(), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    with pytest.raises(ValueError, match="use_dora=True"):
+        te.transform(dora)
+    meta = get_peft_model(llama("meta"), LoraConfig(r=2, target_modules=["q_proj"]))
+    with pytest.raises(ValueError, match="meta device and has no initialiser"):
+        te.transform(meta)

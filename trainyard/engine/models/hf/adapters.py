@@ -1,0 +1,166 @@
+"""PEFT LoRA adapters over a Hugging Face causal LM (`peft.get_peft_model`; the HF PEFT library is the `peft`
+extra) as a registered spec: the spec of the model underneath, with its TP plan carried onto the LoRA layers.
+
+- Blocks, the tensor-parallel checks and the note are the base model's.
+- Tensor parallelism: where the base model's plan splits a linear layer that LoRA wraps, the wrapped `base_layer`
+  is split as planned and the adapter with it. A column-wise layer gets `lora_B` column-wise too (each rank adds
+  its columns of B A x; A stays whole, its input gradient summed by the style over the ranks); a row-wise layer
+  gets `lora_A` row-wise (A's rows of the rank's input slice, summed over the ranks) and `lora_B` stays whole.
+  The whole A or B then sees the same input and gradient on every rank, so its gradient needs no reduction.
+  Other styles on a wrapped layer are refused by name, as are adapter types other than LoRA, DoRA, and modules
+  the PEFT model trains whole copies of (`modules_to_save`) under tensor parallelism.
+- No pipeline or context parallelism (refused by name), no experts; a meta-device build is refused (the adapters'
+  initialisation is PEFT's, not the model's `_init_weights`): build the model with weights.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+from torch import nn
+
+from trainyard.engine.distributed.tp import _matches
+from trainyard.engine.models.hf import spec as hf_spec
+from trainyard.engine.models.hf.weights import _check_uri, _fs, _is_local, _put
+from trainyard.engine.protocols import ModelSpec
+
+
+def _peft():
+    return sys.modules.get("peft")
+
+
+def is_peft(model: nn.Module) -> bool:
+    peft = _peft()  # a PEFT model means peft is loaded already: never import it to find out
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def inner_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model a PEFT model wraps."""
+    return model.get_base_model()
+
+
+def adapter_names(model: nn.Module) -> list[str]:
+    return list(model.peft_config)
+
+
+def _check_adapters(model: nn.Module) -> None:
+    for name, config in model.peft_config.items():
+        kind = type(config).__name__
+        if kind != "LoraConfig":
+            raise ValueError(f"PEFT adapter {name!r} is a {kind}: the engine trains LoRA adapters (peft.LoraConfig) "
+                             "only; use LoraConfig")
+        if getattr(config, "use_dora", False):
+            raise ValueError(f"PEFT adapter {name!r} sets use_dora=True: DoRA is not verified in the engine; set "
+                             "use_dora=False")
+
+
+def spec_for(model: nn.Module) -> ModelSpec | None:
+    if not is_peft(model):
+        return None
+    _check_adapters(model)
+    inner = inner_model(model)
+    base = hf_spec.spec_for(inner)
+    if base is None:
+        raise ValueError(f"a PEFT model over {type(inner).__name__}: the engine takes PEFT adapters over Hugging Face "
+                         "causal LMs (transformers.PreTrainedModel) only")
+    prefix = next(n for n, m in model.named_modules() if m is inner)
+
+    def tp_plan(root: nn.Module) -> dict | None:
+        plan = base.tp_plan(inner_model(root))
+        return None if plan is None else lora_plan(root, prefix, plan)
+
+    def check_tp(root: nn.Module, tp: int) -> None:
+        base.check_tp(inner_model(root), tp)
+        saved = sorted({n for n, m in root.named_modules() if type(m).__name__ == "ModulesToSaveWrapper"})
+        if saved:
+            raise ValueError(f"tensor_parallel_degree {tp} with PEFT's modules_to_save ({', '.join(saved[:3])}): the "
+                             "trained whole copies have no tensor-parallel plan here; drop modules_to_save or set "
+                             "tensor_parallel_degree to 1")
+
+    return ModelSpec(name=f"peft:{base.name}", blocks=lambda root: base.blocks(inner_model(root)), tp_plan=tp_plan,
+                     tp_plan_source=f"{base.tp_plan_source}, carried onto its LoRA layers", check_tp=check_tp,
+                     no_stages="the pipeline cuts the Hugging Face model's own forward, which a PEFT model wraps; "
+                               "train its adapters with MiCS and tensor parallelism",
+                     note=base.note)
+
+
+def lora_plan(root: nn.Module, prefix: str, plan: dict) -> dict:
+    """`plan` (the base model's, its paths relative to it) as the PEFT model's: each module it matches named under
+    `prefix`, and a LoRA layer's split carried onto its `base_layer` and its adapters (module docstring)."""
+    lora_layer = _peft().tuners.lora.LoraLayer
+    modules = dict(root.named_modules())
+    out: dict = {}
+    for pattern, style in plan.items():
+        full = f"{prefix}.{pattern}"
+        for name, module in modules.items():
+            if not name or not _matches(full, name):
+                continue
+            if not isinstance(module, lora_layer):
+                out[name] = style
+                continue
+            if style not in ("colwise", "rowwise"):
+                raise ValueError(f"tensor parallelism: {name} is a LoRA layer the plan splits as {style!r}; the engine "
+                                 "carries 'colwise' and 'rowwise' splits onto LoRA adapters only; leave "
+                                 f"{name.rsplit('.', 1)[-1]} out of LoraConfig's target_modules")
+            out[f"{name}.base_layer"] = style
+            side = "lora_B" if style == "colwise" else "lora_A"
+            for adapter in module.lora_A:
+                out[f"{name}.{side}.{adapter}"] = style
+    return out
+
+
+_ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
+
+
+def is_adapter_name(name: str) -> bool:
+    return any(part in name for part in _ADAPTER_PARTS)
+
+
+def base_name(model: nn.Module, name: str) -> str:
+    """A PEFT model's state-dict name as the base model's files name it (`base_model.model.X.base_layer.weight` ->
+    `X.weight`)."""
+    prefix = next(n for n, m in model.named_modules() if m is inner_model(model))
+    return name.removeprefix(f"{prefix}.").replace(".base_layer.", ".")
+
+
+def base_tensors(model: nn.Module, tensors: dict) -> dict:
+    """`tensors` (a PEFT model's, by state-dict name) without the adapters, by the base model's names: what the
+    base model's safetensors hold."""
+    return {base_name(model, n): t for n, t in tensors.items() if not is_adapter_name(n)}
+
+
+def merged_state(model: nn.Module, state: dict) -> dict:
+    """The full state dict of a PEFT model (`state`, by its names) as the base model's with every LoRA adapter
+    merged into the weight it wraps: W + scaling B A."""
+    lora_layer = _peft().tuners.lora.LoraLayer
+    merged = {base_name(model, n): t.clone() for n, t in state.items() if not is_adapter_name(n)}
+    for name, module in model.named_modules():
+        if not isinstance(module, lora_layer):
+            continue
+        weight = base_name(model, f"{name}.base_layer.weight")
+        for adapter in module.lora_A:
+            a, b = state[f"{name}.lora_A.{adapter}.weight"], state[f"{name}.lora_B.{adapter}.weight"]
+            delta = (b.float() @ a.float()) * module.scaling[adapter]
+            if getattr(module, "fan_in_fan_out", False):
+                delta = delta.T
+            merged[weight] = (merged[weight].float() + delta).to(merged[weight].dtype)
+    return merged
+
+
+def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
+    """The adapters of `state` (a PEFT model's full state dict) as PEFT writes them under `out` (a folder or an
+    `s3://` prefix): adapter_config.json and adapter_model.safetensors, which `PeftModel.from_pretrained` loads
+    (rank 0). Written by PEFT to a temporary folder, then each file whole as `write_pretrained` writes its own."""
+    _check_uri(out)
+    fs, root = _fs(out)
+    if _is_local(fs):
+        os.makedirs(root, exist_ok=True)
+    with tempfile.TemporaryDirectory() as staging:
+        model.save_pretrained(staging, state_dict={n: t for n, t in state.items() if is_adapter_name(n)},
+                              safe_serialization=True, save_embedding_layers=False)
+        names = sorted(os.listdir(staging))
+        for name in names:
+            with open(os.path.join(staging, name), "rb") as f:
+                _put(fs, root, name, f.read())
+    return [f"{out.rstrip('/')}/{name}" for name in names]
