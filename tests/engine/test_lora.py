@@ -5,6 +5,7 @@ the adapter export loads with `PeftModel.from_pretrained` and gives the trained 
 adapters alone, resumed on 1 host x 2 over the base loaded from its safetensors, continues the loss curve. The
 refusals: other adapter types, DoRA, pipeline parallelism, a meta-device build (tests/engine/lora_worker.py)."""
 import json
+import math
 import os
 
 import pytest
@@ -75,6 +76,34 @@ def test_other_adapters_and_meta_builds_are_refused_by_name(engine):
     dora = get_peft_model(llama(), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
     with pytest.raises(ValueError, match="use_dora=True"):
         te.transform(dora)
-    meta = get_peft_model(llama("meta"), LoraConfig(r=2, target_modules=["q_proj"]))
-    with pytest.raises(ValueError, match="meta device and has no initialiser"):
+    meta = get_peft_model(llama("meta"), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights="gaussian"))
+    with pytest.raises(ValueError, match="init_lora_weights='gaussian' and the model was built on the meta device"):
         te.transform(meta)
+
+
+def test_a_meta_built_lora_model_starts_as_its_base_and_its_adapters_as_peft_inits_them(engine):
+    """On the meta device: the base by its _init_weights, A kaiming-uniform (nn.Linear's default), B zero; so the
+    output is the base model's, and the same seed gives the same adapters."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trainyard.engine as te
+
+    from . import families
+
+    def built(seed):
+        with torch.device("meta"):
+            base = AutoModelForCausalLM.from_config(families.config("llama"))
+        return te.transform(get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "down_proj"])), seed=seed)
+
+    model, again = built(3), built(3)
+    state = dict(model.named_parameters())
+    a = state["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"]
+    b = state["base_model.model.model.layers.1.mlp.down_proj.lora_B.default.weight"]
+    bound = 1 / math.sqrt(a.shape[1])  # kaiming_uniform_(a=sqrt(5)) on fan_in: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert a.abs().max() <= bound and a.std() > bound / 3 and torch.equal(b, torch.zeros_like(b))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
+    tokens = torch.randint(0, families.VOCAB, (2, 8))
+    with torch.no_grad(), model.disable_adapter():
+        plain = model(tokens).logits
+    assert torch.equal(model(tokens).logits.detach(), plain)

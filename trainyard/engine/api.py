@@ -590,8 +590,7 @@ def save_model(model: nn.Module, path: str, *, max_shard_size: int = 5 * 2**30, 
                 adapters.write_adapter(model, state, path)
         dist.barrier()
         return
-    if merged:
-        raise ValueError(f"save_model(merged=True) merges PEFT adapters; {par.spec.name} has none: leave merged out")
+    # merged=True without adapters: there is nothing to merge, and the model is written as it is
     if dist.get_rank() == 0:
         config = getattr(model, "config", None) if par.spec.name.startswith("hf:") else None
         if config is not None:

@@ -103,7 +103,39 @@ class TrainConfig:
     every checkpoint save and at the last step (0: never): a copy that differs fails the attempt as data corruption, naming the rank
     and host (components/sdc.py). A layout with one replica of each shard has nothing to compare."""
 
+    task: str = "pretrain"
+    """`pretrain`: next-token prediction on every token of the data. `sft`: supervised fine-tuning of model hf on the
+    `dataset` channel's `.jsonl` chat examples, rendered with the model's chat template, the loss on the assistants'
+    tokens only, every such token weighing the same (components/sft.py)."""
+    packing: bool = True
+    """With task sft: several examples in one sequence, attention confined to each (False: one example a sequence,
+    padded)."""
+    lora_r: int = 0
+    """With model hf: train LoRA adapters of this rank (peft) over the frozen model instead of every weight (0: off);
+    checkpoints hold the adapters, the export is the adapter folder (adapter_config.json, adapter_model.safetensors)."""
+    lora_alpha: float = 16.0
+    """LoRA's scaling numerator: the adapters' output is scaled by lora_alpha / lora_r."""
+    lora_targets: str = "all-linear"
+    """The linear layers LoRA wraps: comma-separated module names (q_proj,v_proj), or all-linear (every linear
+    layer but the output head)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    lora_merge: bool = False
+    """Export the model with the adapters merged into its weights (a plain Hugging Face model) instead of the adapter
+    folder."""
+
     def __post_init__(self) -> None:
+        if self.task not in ("pretrain", "sft"):
+            raise ValueError(f"task must be pretrain or sft, got {self.task!r}")
+        if self.task == "sft" and self.model != "hf":
+            raise ValueError(f"task sft fine-tunes a Hugging Face model: set model hf (got model {self.model!r}) and "
+                             "give its folder as the model channel")
+        if self.lora_r < 0 or (self.lora_r and self.model != "hf"):
+            raise ValueError(f"lora_r {self.lora_r}: LoRA adapters are for model hf, with lora_r >= 1 (0: off)")
+        if self.lora_r and not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if self.model not in MODEL_CONFIGS and self.model != "hf":
             raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)} or hf")
         for name in ("steps", "global_batch_size", "micro_batch_size", "seq_len", "log_every"):

@@ -31,12 +31,14 @@ from trainyard.engine.components.fingerprint import fingerprint
 from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
 from trainyard.engine.components.sdc import SdcCheck, inject_from_env
+from trainyard.engine.components.sft import IGNORE, SftSource, sft_loss
 from trainyard.engine.components.stragglers import Detector, StragglerWatch
 from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
 from trainyard.engine.models.llama.moe import balance, router_stats
 from trainyard.engine.models import float8
+from trainyard.engine.models.hf import adapters
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
 
 
@@ -101,6 +103,9 @@ class Trainer:
             model, hf_dir = build_hf(cfg.model_channel)
             self.hf_dir = hf_dir
             vocab = model.config.vocab_size
+            if cfg.lora_r:  # the adapters over the frozen model (counted and shaped below as the whole model)
+                model = adapters.wrap(model, r=cfg.lora_r, alpha=cfg.lora_alpha, targets=cfg.lora_targets,
+                                      dropout=cfg.lora_dropout)
         else:
             model, vocab = build_model(MODEL_CONFIGS[cfg.model]), MODEL_CONFIGS[cfg.model].vocab_size
         self.params = count_parameters(model)
@@ -115,9 +120,12 @@ class Trainer:
             report = api.load_pretrained(self.model, hf_dir)
             self.log(f"weights from {hf_dir}: {report['tensors']} tensors")
         tokenizer = hf_dir if hf_dir and os.path.exists(os.path.join(hf_dir, "tokenizer.json")) else None
-        self.source = build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
-                                   seq_len=cfg.seq_len, vocab_size=vocab, token_dtype=cfg.token_dtype,
-                                   tokenizer_path=tokenizer)
+        if cfg.task == "sft":
+            self.source = self._sft_source(hf_dir)
+        else:
+            self.source = build_source(cfg.dataset, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
+                                       seq_len=cfg.seq_len, vocab_size=vocab, token_dtype=cfg.token_dtype,
+                                       tokenizer_path=tokenizer)
         self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, warmup_steps=cfg.warmup_steps,
                                          total_steps=cfg.schedule_steps, min_lr_ratio=cfg.min_lr_ratio)
@@ -135,6 +143,28 @@ class Trainer:
         self.log(self.describe())
         self.log(f"peak {self.peak_tflops:.3g} TFLOP/s per device ({peak_source}); model {self.flops_per_token:.4g} "
                  "FLOPs per token")
+
+    def _sft_source(self, hf_dir: str) -> SftSource:
+        """The chat examples of the dataset channel, rendered with the model channel's tokenizer and chat template."""
+        from transformers import AutoTokenizer
+
+        dims, cfg = self.layout.dims, self.cfg
+        if dims.pp > 1 or dims.cp > 1:
+            raise ValueError(f"task sft: pipeline_parallel_degree {dims.pp} and context_parallel_degree {dims.cp}: "
+                             "fine-tuning runs its examples through the model's own forward with their positions; "
+                             "set both to 1 and use MiCS and tensor parallelism")
+        if cfg.dataset == "synthetic":
+            raise ValueError("task sft: dataset is synthetic; name the input channel of your .jsonl chat examples "
+                             "(dataset=train)")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"task sft: the model channel {hf_dir} has no tokenizer the chat examples can be "
+                             f"rendered with ({e}); add tokenizer.json and tokenizer_config.json") from None
+        source = SftSource(channel_dir(cfg.dataset), tokenizer, seed=cfg.seed, global_batch_size=cfg.global_batch_size,
+                           seq_len=cfg.seq_len, packing=cfg.packing)
+        self.log(f"task sft: {source.describe()}, {'packed' if cfg.packing else 'one a row, padded'}")
+        return source
 
     def _hosts(self) -> list[str]:
         """Each rank's host, from the job's `SM_HOSTS` (rank // processes per host)."""
@@ -221,6 +251,26 @@ class Trainer:
         self.step = self.saved_step = start
         return start
 
+    def sft_step(self, step: int) -> tuple[float, float, int]:
+        """Forward and backward of step `step`'s chat rows (task sft): every assistant token of the global batch
+        weighs 1 / their count, whatever its row, micro-batch and rank. Returns (the global loss, the data wait, the
+        global batch's tokens of examples)."""
+        t0 = time.perf_counter()
+        batch = self.source.global_batch(step)
+        count = int((batch[:, 1] != IGNORE).sum())
+        rows = self.ctx.rows(batch).to(self.ctx.device, non_blocking=True)
+        data_wait = time.perf_counter() - t0
+        # the gradients are averaged over the data-parallel ranks: times dp, the sum over all ranks / count
+        scale = self.layout.dims.dp / max(count, 1)
+        total = torch.zeros((), device=self.ctx.device)
+        for i, part in enumerate(rows.chunk(self.accum)):
+            with api.accumulate(self.model, i, self.accum):
+                out = self.model(input_ids=part[:, 0], position_ids=part[:, 2], use_cache=False)
+                loss = sft_loss(out.logits, part[:, 1], scale)
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        return api.global_loss(self.model, total), data_wait, self.source.tokens(step)
+
     def train_step(self, step: int) -> dict:
         """One optimizer step; returns its metrics (loss, lr, grad_norm, the wait for its data and this rank's
         model-state bytes; under float16 the step's loss_scale and whether it was skipped). A skipped step (inf/nan
@@ -229,9 +279,13 @@ class Trainer:
         t0 = time.perf_counter()
         api.mark_step(step)
         heartbeat.set_phase("data")
-        rows = self.ctx.rows(self.source.global_batch(step)).to(self.ctx.device, non_blocking=True)
-        data_wait = time.perf_counter() - t0
-        loss = api.forward_backward(self.model, rows[:, :-1], rows[:, 1:], token_loss, microbatches=self.accum)
+        tokens = None
+        if self.cfg.task == "sft":
+            loss, data_wait, tokens = self.sft_step(step)
+        else:
+            rows = self.ctx.rows(self.source.global_batch(step)).to(self.ctx.device, non_blocking=True)
+            data_wait = time.perf_counter() - t0
+            loss = api.forward_backward(self.model, rows[:, :-1], rows[:, 1:], token_loss, microbatches=self.accum)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
         norm = api.clip_grad_norm_(self.model, max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -244,19 +298,21 @@ class Trainer:
         memory = model_state_bytes(self.model, self.optimizer)  # with the gradients still held: the peak
         self.optimizer.zero_grad(set_to_none=True)
         scaling = {"loss_scale": scale, "skipped": not stepped} if self.scaler.enabled else {}
+        sft = {"example_tokens": tokens} if tokens is not None else {}  # the tokens of examples, padding not counted
         return {"loss": loss, "lr": float(lr), "grad_norm": norm, "data_wait_s": data_wait, **scaling, **memory,
-                **router}
+                **router, **sft}
 
     def checkpoint(self, step: int, *, blocking: bool) -> float:
         """Save step `step`; returns the seconds the loop was held."""
         t0 = time.perf_counter()
+        adapters_only = bool(self.cfg.lora_r)  # the frozen model is the model channel's: not saved again
         if blocking:
             api.save_checkpoint(self.model, self.optimizer, step, uri=self.uri, scheduler=self.scheduler,
-                                blocking=True, keep_last=self.cfg.keep_last)
+                                blocking=True, keep_last=self.cfg.keep_last, trainable_only=adapters_only)
             self.log(f"checkpoint step {step} saved to {ckpt.step_uri(self.uri, step)}")
         else:  # the loop waits for staging to host memory only
             blocked = api.save_checkpoint(self.model, self.optimizer, step, uri=self.uri, scheduler=self.scheduler,
-                                          keep_last=self.cfg.keep_last)
+                                          keep_last=self.cfg.keep_last, trainable_only=adapters_only)
             self.log(f"checkpoint step {step}: staged in {blocked:.3f} s, uploading in the background")
         self.saved_step = step
         return time.perf_counter() - t0
@@ -288,7 +344,7 @@ class Trainer:
                 ranks_compute, named = self.stragglers.record(step, compute) if self.stragglers else ({}, [])
                 for s in named:
                     self.log(f"WARNING: straggler: {s}")
-                tokens_per_s = tokens_per_step / elapsed
+                tokens_per_s = record.get("example_tokens", tokens_per_step) / elapsed
                 tflops = self.flops_per_token * tokens_per_s / self.ctx.world_size / 1e12
                 if record.get("skipped"):  # always said: the step changed nothing but the loss scale
                     self.log(f"step {step}/{cfg.steps} skipped: inf/nan gradients at loss scale "
@@ -371,7 +427,7 @@ class Trainer:
         model as model.pt (a state dict) and config.json."""
         out = model_dir()
         if self.cfg.model == "hf":
-            api.save_model(self.model, out)
+            api.save_model(self.model, out, merged=self.cfg.lora_merge)  # with LoRA, the adapter folder unless merged
             if self.ctx.is_main:
                 copied = copy_tokenizer(self.hf_dir, out)
                 if copied:

@@ -9,11 +9,15 @@ extra) as a registered spec: the spec of the model underneath, with its TP plan 
   The whole A or B then sees the same input and gradient on every rank, so its gradient needs no reduction.
   Other styles on a wrapped layer are refused by name, as are adapter types other than LoRA, DoRA, and modules
   the PEFT model trains whole copies of (`modules_to_save`) under tensor parallelism.
-- No pipeline or context parallelism (refused by name), no experts; a meta-device build is refused (the adapters'
-  initialisation is PEFT's, not the model's `_init_weights`): build the model with weights.
+- Meta-device builds: the base model's modules are initialised by its `_init_weights`, the adapters as PEFT's
+  `init_lora_weights=True` does (A as nn.Linear's default, kaiming-uniform with a = sqrt(5); B zero: the adapted
+  model starts as the base), module by module as every meta build is; then `load_pretrained` fills the base.
+  Other `init_lora_weights` on a meta build are refused by name.
+- No pipeline or context parallelism (refused by name), no experts.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -78,11 +82,49 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
                              "trained whole copies have no tensor-parallel plan here; drop modules_to_save or set "
                              "tensor_parallel_degree to 1")
 
+    _mark_adapters(model)
     return ModelSpec(name=f"peft:{base.name}", blocks=lambda root: base.blocks(inner_model(root)), tp_plan=tp_plan,
                      tp_plan_source=f"{base.tp_plan_source}, carried onto its LoRA layers", check_tp=check_tp,
                      no_stages="the pipeline cuts the Hugging Face model's own forward, which a PEFT model wraps; "
                                "train its adapters with MiCS and tensor parallelism",
-                     note=base.note)
+                     note=base.note, init_module=lambda template: _initialiser(template, base))
+
+
+# which side of an adapter a module is, kept on the module itself: the meta build's initialiser gets copies
+_SIDE = "_trainyard_lora_side"
+
+
+def _mark_adapters(model: nn.Module) -> None:
+    lora_layer = _peft().tuners.lora.LoraLayer
+    for module in model.modules():
+        if isinstance(module, lora_layer):
+            for side in ("lora_A", "lora_B"):
+                for adapter in getattr(module, side).values():
+                    setattr(adapter, _SIDE, side)
+
+
+def _initialiser(template: nn.Module, base: ModelSpec):
+    """The per-module initialiser of a meta-built PEFT model: LoRA's own for the adapters (module docstring), the
+    base model's for the rest."""
+    for name, config in template.peft_config.items():
+        if config.init_lora_weights is not True:
+            raise ValueError(f"PEFT adapter {name!r} has init_lora_weights={config.init_lora_weights!r} and the model "
+                             "was built on the meta device, where the engine initialises adapters as "
+                             "init_lora_weights=True does; use True, or build the model with weights")
+    inner = base.init_module(inner_model(template)) if base.init_module else None
+
+    def init(module: nn.Module) -> None:
+        side = getattr(module, _SIDE, None)
+        if side == "lora_A":
+            nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+        elif side == "lora_B":
+            nn.init.zeros_(module.weight)
+        elif inner is not None:
+            inner(module)
+        if side is not None and getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+
+    return init
 
 
 def lora_plan(root: nn.Module, prefix: str, plan: dict) -> dict:
@@ -164,3 +206,20 @@ def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
             with open(os.path.join(staging, name), "rb") as f:
                 _put(fs, root, name, f.read())
     return [f"{out.rstrip('/')}/{name}" for name in names]
+
+
+def wrap(model: nn.Module, *, r: int, alpha: float, targets: str, dropout: float) -> nn.Module:
+    """`model` with LoRA adapters of rank `r` on `targets` (comma-separated module names, or "all-linear"), as
+    `peft.get_peft_model` makes them (the `peft` extra)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ValueError("lora_r: LoRA adapters need the peft package: pip install 'trainyard[peft]'") from None
+    names = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    if not names:
+        raise ValueError("lora_targets is empty: name the linear layers to adapt (q_proj,v_proj) or all-linear")
+    try:
+        return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names,
+                                                task_type="CAUSAL_LM"))
+    except ValueError as e:  # peft's own message names the modules it found none of
+        raise ValueError(f"lora_targets {targets!r}: {e}") from None
