@@ -158,3 +158,18 @@ def test_reconcile_distribution():
         reconcile_distribution(cfg, Parallelism.parse({"mixed_precision": "fp32"}), world_size=2)
     untouched = parse_hyperparameters([])
     assert reconcile_distribution(untouched, Parallelism.parse({}), world_size=1) == parse_hyperparameters([])
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"task": "chat"}, "task must be pretrain or sft, got 'chat'"),
+    ({"task": "sft"}, "task sft fine-tunes a Hugging Face model: set model hf"),
+    ({"lora_r": 8}, "lora_r 8: LoRA adapters are for model hf"),
+    ({"model": "hf", "lora_r": -1}, "lora_r -1"),
+    ({"model": "hf", "lora_r": 8, "lora_alpha": 0}, "lora_alpha must be > 0"),
+    ({"model": "hf", "lora_dropout": 1.0}, r"lora_dropout must be in \[0, 1\)"),
+    ({"model": "hf", "task": "sft", "kernels": "auto"}, "kernels 'auto' with task sft"),
+])
+def test_fine_tuning_options_are_checked_by_name(values, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**values)
+    TrainConfig(model="hf", task="sft", lora_r=8, lora_targets="q_proj,v_proj")  # and a valid one passes

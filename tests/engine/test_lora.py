@@ -73,6 +73,8 @@ def test_other_adapters_and_meta_builds_are_refused_by_name(engine):
                                             feedforward_modules=["down_proj"]))
     with pytest.raises(ValueError, match="IA3Config: the engine trains LoRA adapters"):
         te.transform(ia3)
+    with pytest.raises(ValueError, match="kernels='eager' with a PEFT model"):
+        te.transform(get_peft_model(llama(), LoraConfig(r=2, target_modules=["q_proj"])), kernels="eager")
     dora = get_peft_model(llama(), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
     with pytest.raises(ValueError, match="use_dora=True"):
         te.transform(dora)

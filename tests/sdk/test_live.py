@@ -134,6 +134,20 @@ def test_the_line_says_when_the_mfu_is_against_a_measured_peak(home):
         sleeper.kill()
 
 
+def test_the_line_shows_the_newest_warning_of_the_rows(home):
+    sleeper = _sleeper()
+    try:
+        named = {**ROWS[1], "warnings": ["straggler: rank 3 (algo-2) 1.42x the median step for 20 steps"]}
+        fake_job("slow", "InProgress", metrics=[ROWS[0], named], supervisor_pid=sleeper.pid)
+        text = live.Progress(LocalJob("slow")).snapshot().text()
+        assert text.endswith(f"WARNING at step {named['step']}: straggler: rank 3 (algo-2) 1.42x the median step "
+                             "for 20 steps"), text
+        fake_job("clean", "InProgress", metrics=ROWS[:2], supervisor_pid=sleeper.pid)
+        assert "WARNING" not in live.Progress(LocalJob("clean")).snapshot().text()
+    finally:
+        sleeper.kill()
+
+
 def test_duration():
     assert [live.duration(s) for s in (0, 59.9, 61, 3600 + 62)] == ["0s", "59s", "1m01s", "1h01m02s"]
 

@@ -285,6 +285,9 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     if spec.note and ctx.is_main:
         print(spec.note, flush=True)
     choices = {}
+    if backend is not None and adapters.is_peft(model):
+        raise ValueError(f"kernels={kernels!r} with a PEFT model: the kernels' swap is not verified through LoRA "
+                         "layers (it would also return LMHidden instead of logits); leave kernels out")
     if backend is not None:
         choices, errors = plan_backends(model, backend, compile=compile, device=ctx.device, dtype=param_dtype)
         swapped = swap_kernels(model, backend, fused_loss=dims.tp == 1 and dims.pp == 1,

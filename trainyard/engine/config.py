@@ -132,6 +132,9 @@ class TrainConfig:
                              "give its folder as the model channel")
         if self.lora_r < 0 or (self.lora_r and self.model != "hf"):
             raise ValueError(f"lora_r {self.lora_r}: LoRA adapters are for model hf, with lora_r >= 1 (0: off)")
+        if self.task == "sft" and self.kernels != "off":
+            raise ValueError(f"kernels {self.kernels!r} with task sft: fine-tuning takes the model's logits, which the "
+                             "kernels' fused loss replaces; set kernels off")
         if self.lora_r and not self.lora_alpha > 0:
             raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:

@@ -1,4 +1,5 @@
-"""The live line of a followed job: phase, step k/N, loss, tokens/s, MFU, elapsed and ETA.
+"""The live line of a followed job: phase, step k/N, loss, tokens/s, MFU, elapsed and ETA, and the newest warning
+of the metrics rows (a straggler named, a checkpoint save skipped).
 
 `fit()`, `wait()`, `logs()` and `trainyard logs -f` follow a job through `Follow`: on a terminal (or in a
 notebook) a `rich` live line stays at the bottom while the job's log lines scroll above it; anywhere else
@@ -55,6 +56,8 @@ class Snapshot:
     machine's load, so the line says so."""
     elapsed_s: float = 0.0
     eta_s: float | None = None
+    warning: str | None = None
+    """The newest warning of the metrics rows, with its step (a straggler named, a checkpoint skipped)."""
 
     def text(self) -> str:
         parts = [self.phase]
@@ -69,6 +72,8 @@ class Snapshot:
         parts.append(f"{duration(self.elapsed_s)} elapsed")
         if self.eta_s is not None:
             parts.append(f"ETA {duration(self.eta_s)}")
+        if self.warning:
+            parts.append(f"WARNING {self.warning}")
         return " | ".join(parts)
 
 
@@ -96,6 +101,7 @@ class Progress:
                              if d["Name"].rsplit(":", 1)[-1].lower() == "loss"]
         self.step: int | None = None
         self.loss = self.tokens_per_s = self.mfu = None
+        self.warning: str | None = None
         self.mfu_measured = False
         self.seen: list[tuple[float, int]] = []  # (the stamp of the log line, step) as first seen
         self.step_times: list[float] = []  # the last rows' step_time_s
@@ -152,6 +158,8 @@ class Progress:
             for key in ("loss", "tokens_per_s", "mfu"):
                 if isinstance(row.get(key), (int, float)):
                     setattr(self, key, float(row[key]))
+            if isinstance(row.get("warnings"), list) and row["warnings"]:
+                self.warning = f"at step {row.get('step')}: {row['warnings'][-1]}"
 
     def _eta(self) -> float | None:
         """The steps left at the pace of the last steps: the engine's own step times when it writes rows,
@@ -178,8 +186,8 @@ class Progress:
         elapsed = (until - created).total_seconds() if created else 0.0
         return Snapshot(phase=phase, step=self.step, total=self.total, loss=self.loss,
                         tokens_per_s=self.tokens_per_s, mfu=self.mfu, mfu_measured=self.mfu_measured,
-                        elapsed_s=elapsed,
-                        eta_s=self._eta() if phase == "Training" else None)
+                        elapsed_s=elapsed, eta_s=self._eta() if phase == "Training" else None,
+                        warning=self.warning)
 
 
 def mode(stream=None) -> str:
