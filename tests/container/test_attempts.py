@@ -8,6 +8,12 @@ HANG = "Hang: rank 3 (algo-2) stopped in backward at step 41 (SIGSTOP); ranks 0-
 USER = "algo-1 rank 0 (local rank 0) exited with code 1:\nValueError: boom"
 KILLED = "algo-2 rank 3 (local rank 1) was killed by SIGKILL"
 LOST = "algo-2: the driver exited with status -9 and no report"
+SDC = ("algo-1 rank 0 (local rank 0) exited with code 1:\nDataCorruption: data corruption: at step 20 the parameters "
+       "of rank 3 (algo-2) differ from the other replicas of their shard (4 copies; layers.0.w first); its GPU or host "
+       "memory may be faulty")
+SDC_TWO = ("algo-1 rank 0 (local rank 0) exited with code 1:\nDataCorruption: data corruption: at step 20 the 2 "
+           "replicas of a shard differ (rank 1 (algo-1), rank 3 (algo-2); w first): with 2 replicas no majority says "
+           "which copy is damaged; a GPU or host memory of one of them may be faulty")
 
 
 def _decide(outcome="Failed", reason=HANG, attempt=1, retries=2, count=2, **kw):
@@ -29,6 +35,10 @@ TABLE = [
     ("Failed", LOST, 1, 2, ("algo-2",), 1, "shrink", "lost host", 1),
     ("Failed", LOST, 1, 2, ("algo-2",), 2, "restart", "lost host", 2),  # fewer than elastic's minimum left
     ("Failed", HANG, 1, 2, ("algo-2",), 1, "restart", "hang", 2),  # only a lost host shrinks the job
+    ("Failed", SDC, 1, 2, (), None, "restart", "data corruption", 2),  # no elastic: the same hosts again
+    ("Failed", SDC, 1, 2, (), 1, "shrink", "data corruption", 1),  # elastic: without the outvoted host
+    ("Failed", SDC, 1, 2, (), 2, "restart", "data corruption", 2),
+    ("Failed", SDC_TWO, 1, 2, (), 1, "restart", "data corruption", 2),  # 2 replicas: no host to blame
     ("Interrupted", "hosts ['algo-1'] interrupted", 1, 1, (), None, "restart", "lost host", 2),
     ("Interrupted", "hosts ['algo-1'] interrupted", 2, 1, (), None, "end", "lost host", 2),
 ]
@@ -38,6 +48,11 @@ TABLE = [
 def test_decide(outcome, reason, attempt, retries, lost, elastic_min, action, cls, hosts):
     d = _decide(outcome, reason, attempt, retries, lost_hosts=lost, elastic_min=elastic_min)
     assert (d.action, d.retry_class, d.hosts) == (action, cls, hosts), d
+
+
+def test_a_shrink_after_data_corruption_names_the_host_left_out():
+    assert attempts.corrupt_hosts(SDC) == ["algo-2"] and attempts.corrupt_hosts(SDC_TWO) == []
+    assert "leaving out algo-2, whose copy differed" in _decide(reason=SDC, elastic_min=1).why
 
 
 def test_the_reasons_read_as_the_logs_say_them():

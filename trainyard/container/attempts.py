@@ -13,6 +13,7 @@ disk) or an interruption (a spot reclaim, an instance gone). A user's error is n
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -52,7 +53,23 @@ def decide(*, outcome: str, reason: str, attempt: int, max_retry_attempts: int, 
     if cls == "lost host" and lost_hosts and elastic_min is not None and left >= elastic_min:
         return Decision("shrink", f"{why}; elastic: {', '.join(lost_hosts)} lost for good, going on with {left} "
                                   "host(s)", cls, left)
+    damaged = corrupt_hosts(reason) if cls == "data corruption" else []
+    left = instance_count - len(damaged)
+    if damaged and elastic_min is not None and left >= elastic_min:
+        return Decision("shrink", f"{why}; elastic: leaving out {', '.join(damaged)}, whose copy differed from its "
+                                  f"replicas', going on with {left} host(s)", cls, left)
     return Decision("restart", why, cls, instance_count)
+
+
+# the data-corruption check's verdict when a majority of the replicas agree (engine/components/sdc.py): the ranks
+# named there hold the odd copies; with 2 replicas it names both and no host is left out
+_OUTVOTED = re.compile(r"the parameters of (.+?) differ from the other replicas")
+
+
+def corrupt_hosts(reason: str) -> list[str]:
+    """The hosts whose copy of a shard the majority of its replicas outvoted, from a data-corruption failure."""
+    found = _OUTVOTED.search(reason)
+    return sorted(set(re.findall(r"rank \d+ \(([^)]+)\)", found.group(1)))) if found else []
 
 
 def record(status, attempt: int, outcome: str, reason: str = "", cls: str | None = None, **extra: Any) -> None:
