@@ -7,9 +7,10 @@ step counters), saved to and loaded from the embedded store (the moto S3 server 
 objects written through to disk) through `trainyard/engine/components/checkpoint.py` (DCP + s3fs, checksums, tensors only).
 The raw baseline puts and gets the same files, same sizes, with s3fs directly. Per entry: `bytes`,
 `seconds` (median of the repeats), `ratio_to_raw` (throughput / raw throughput, the median over the
-repeats of each repeat's ratio: the pair runs back to back, so machine noise cancels; goal >= 0.8) and
+repeats of each repeat's ratio: the pair runs back to back, so machine noise cancels; goal >= 0.95),
 `blocking_seconds` (the time the training loop waits: all of a synchronous save, only the staging of an
-async one; goal: async <= 10% of sync).
+async one; goal: async <= 2% of sync) and `rank_gbps` (the rank's own GB/s of its share, as the metrics rows'
+`checkpoint_io` report it: its bytes over the time from the first byte written or requested to the last).
 """
 from __future__ import annotations
 
@@ -55,18 +56,22 @@ def main() -> int:
 
     fs = fsspec.filesystem("s3", **ckpt.storage_options("s3://x"))
     runs: dict[str, list[float]] = {k: [] for k in ("save", "load", "raw_put", "raw_get", "async_blocking",
-                                                     "async_total")}
+                                                     "async_total", "save_gbps", "load_gbps")}
     nbytes = 0
     for r in range(a.repeats):
         uri = f"s3://{bucket}/run-{r}"
         t = time.perf_counter()
-        ckpt.save_checkpoint(uri, 1, model, opt, sched, keep_last=2)
+        moved: list = []
+        ckpt.save_checkpoint(uri, 1, model, opt, sched, keep_last=2, moved=moved)
         runs["save"].append(time.perf_counter() - t)
+        runs["save_gbps"].append(moved[0][0] / moved[0][1] / 1e9)
         files = {name: info["size"] for name, info in fs.find(ckpt.step_uri(uri, 1), detail=True).items()}
         nbytes = sum(files.values())
         t = time.perf_counter()
-        ckpt.load_checkpoint(uri, 1, model, opt, sched)
+        moved.clear()
+        ckpt.load_checkpoint(uri, 1, model, opt, sched, moved=moved)
         runs["load"].append(time.perf_counter() - t)
+        runs["load_gbps"].append(moved[0][0] / moved[0][1] / 1e9)
         # raw: the same files (same names and sizes, random content) with s3fs alone
         blobs = {f"{bucket}/raw-{r}/{os.path.basename(n)}": os.urandom(size) for n, size in files.items()}
         t = time.perf_counter()
@@ -95,22 +100,23 @@ def main() -> int:
         {"name": "raw s3fs put", "bytes": nbytes, "seconds": med["raw_put"], "ratio_to_raw": 1.0,
          "blocking_seconds": med["raw_put"]},
         {"name": "checkpoint save (sync)", "bytes": nbytes, "seconds": med["save"],
-         "ratio_to_raw": ratio("raw_put", "save"), "blocking_seconds": med["save"]},
+         "ratio_to_raw": ratio("raw_put", "save"), "blocking_seconds": med["save"], "rank_gbps": med["save_gbps"]},
         {"name": "checkpoint save (async)", "bytes": nbytes, "seconds": med["async_total"],
          "ratio_to_raw": ratio("raw_put", "async_total"), "blocking_seconds": med["async_blocking"]},
         {"name": "raw s3fs get", "bytes": nbytes, "seconds": med["raw_get"], "ratio_to_raw": 1.0,
          "blocking_seconds": med["raw_get"]},
         {"name": "checkpoint load (verified)", "bytes": nbytes, "seconds": med["load"],
-         "ratio_to_raw": ratio("raw_get", "load"), "blocking_seconds": med["load"]},
+         "ratio_to_raw": ratio("raw_get", "load"), "blocking_seconds": med["load"], "rank_gbps": med["load_gbps"]},
     ]
     print(f"\nmodel {a.model}, {nbytes / 1e6:.1f} MB of checkpoint, embedded store, median of {a.repeats}")
-    print(f"{'entry':<28}{'MB':>8}{'s':>8}{'MB/s':>8}{'vs raw':>8}{'blocking s':>12}")
+    print(f"{'entry':<28}{'MB':>8}{'s':>8}{'MB/s':>8}{'vs raw':>8}{'blocking s':>12}{'rank GB/s':>11}")
     for e in entries:
+        gbps = f"{e['rank_gbps']:>11.3f}" if "rank_gbps" in e else f"{'':>11}"
         print(f"{e['name']:<28}{e['bytes'] / 1e6:>8.1f}{e['seconds']:>8.2f}{e['bytes'] / 1e6 / e['seconds']:>8.1f}"
-              f"{e['ratio_to_raw']:>8.2f}{e['blocking_seconds']:>12.3f}")
+              f"{e['ratio_to_raw']:>8.2f}{e['blocking_seconds']:>12.3f}{gbps}")
     share = statistics.median(b / s for b, s in zip(runs["async_blocking"], runs["save"]))
-    print(f"goal save and load >= 0.8 x raw: {entries[1]['ratio_to_raw']:.2f}, {entries[4]['ratio_to_raw']:.2f}; "
-          f"async blocking <= 10% of sync: {share:.1%}")
+    print(f"goal save and load >= 0.95 x raw: {entries[1]['ratio_to_raw']:.2f}, {entries[4]['ratio_to_raw']:.2f}; "
+          f"async blocking <= 2% of sync: {share:.1%}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:
