@@ -7,7 +7,7 @@ A case: name, family (tests/engine/families.py), tie, layout (a key of families.
 with the trained model's), "uri" + "save_at" (a checkpoint of the trainable parameters only at that step),
 "base" (a folder: rank 0 writes the base model's weights there before training), "resume" (start from a model of
 other weights, load the base from "base" with load_pretrained, then the checkpoint at "uri"), "refused" (only
-transform on the layout: the ValueError's text, or "").
+transform on the layout: the ValueError's text, or ""), "dropout" (LoRA's dropout, default 0).
 
 The adapters start random (init_lora_weights=False: B is not zero, so A and B both get gradients from step 1), the
 optimizer is AdamW with weight decay over every parameter (a frozen weight that got a gradient would move), and
@@ -44,8 +44,8 @@ def build(case: dict, seed: int = SEED):
 
     base = base_model(case, seed)
     torch.manual_seed(seed + 1)
-    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS,
-                                           init_lora_weights=False))
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=case.get("dropout", 0.0),
+                                           target_modules=TARGETS, init_lora_weights=False))
 
 
 def batch(step: int, rows: int) -> torch.Tensor:

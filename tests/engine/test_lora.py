@@ -27,8 +27,11 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
               "export": str(tmp_path / "qwen2-adapter")},
              {"name": "qwen2 tied tp2 x mics", "family": "qwen2", "tie": True, "layout": "tp2 x mics", "steps": 3}]
     pipelined = {"name": "pp2", "family": "llama", "tie": False, "layout": "pp2 x mics", "refused": True}
-    results = run_on_two_hosts(WORKER, cases + [pipelined], tmp_path)
+    dropping = {"name": "dropout", "family": "llama", "tie": False, "layout": "tp2 x mics", "refused": True,
+                "dropout": 0.1}
+    results = run_on_two_hosts(WORKER, cases + [pipelined, dropping], tmp_path)
     assert "pipeline_parallel_degree 2: the engine cannot cut peft:hf:LlamaForCausalLM" in results["pp2"]["refused"]
+    assert "tensor_parallel_degree 2 with lora_dropout > 0" in results["dropout"]["refused"]
     for case in cases:
         got = results[case["name"]]
         assert got["loss_err"] <= TOL and got["weight_err"] <= TOL, (case["name"], got["worst"], got)

@@ -6,7 +6,8 @@ extra) as a registered spec: the spec of the model underneath, with its TP plan 
   is split as planned and the adapter with it. A column-wise layer gets `lora_B` column-wise too (each rank adds
   its columns of B A x; A stays whole, its input gradient summed by the style over the ranks); a row-wise layer
   gets `lora_A` row-wise (A's rows of the rank's input slice, summed over the ranks) and `lora_B` stays whole.
-  The whole A or B then sees the same input and gradient on every rank, so its gradient needs no reduction.
+  The whole A or B then sees the same input and gradient on every rank, so its gradient needs no reduction; which
+  is why `lora_dropout` > 0 is refused under tensor parallelism (each rank would drop other inputs of A).
   Other styles on a wrapped layer are refused by name, as are adapter types other than LoRA, DoRA, and modules
   the PEFT model trains whole copies of (`modules_to_save`) under tensor parallelism.
 - Meta-device builds: the base model's modules are initialised by its `_init_weights`, the adapters as PEFT's
@@ -76,6 +77,11 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
 
     def check_tp(root: nn.Module, tp: int) -> None:
         base.check_tp(inner_model(root), tp)
+        dropping = sorted({n for n, c in root.peft_config.items() if getattr(c, "lora_dropout", 0)})
+        if dropping:  # each rank would drop other inputs of a whole A: its copies would train apart
+            raise ValueError(f"tensor_parallel_degree {tp} with lora_dropout > 0 (adapter {dropping[0]!r}): each "
+                             "rank would drop other elements of the input a column-wise layer's whole A sees, and "
+                             "A's copies would train apart; set lora_dropout=0 or tensor_parallel_degree to 1")
         saved = sorted({n for n, m in root.named_modules() if type(m).__name__ == "ModulesToSaveWrapper"})
         if saved:
             raise ValueError(f"tensor_parallel_degree {tp} with PEFT's modules_to_save ({', '.join(saved[:3])}): the "
