@@ -23,12 +23,9 @@ def _fake_step(uri: str, step: int, committed: bool) -> None:
 
 
 @pytest.fixture(params=["local", "s3"])
-def uri(request, tmp_path, monkeypatch):
+def uri(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "ckpt")
-    # from an object store a data file is read in parts (io.READ_PART_BYTES, 16 MiB): here of 4 KiB, so that every
-    # load of these small models reads its files in parts, 4 at a time
-    monkeypatch.setattr(ckpt.io, "READ_PART_BYTES", 4096)
     bucket = request.getfixturevalue("s3_bucket")
     return f"s3://{bucket}/run/ckpt"
 
@@ -131,7 +128,7 @@ def _damage(uri: str, step: int, how: str) -> None:
     data = bytearray(fs.cat(p))
     if how == "truncated":
         data = data[: len(data) // 2]
-    elif how == "extended":  # bytes beyond those written (read in parts, the last part reads to the end)
+    elif how == "extended":  # bytes beyond those written
         data += b"\0" * 100
     else:  # one flipped bit, size unchanged
         data[len(data) // 2] ^= 0x01
