@@ -168,6 +168,7 @@ def test_reconcile_distribution():
     ({"model": "hf", "lora_r": 8, "lora_alpha": 0}, "lora_alpha must be > 0"),
     ({"model": "hf", "lora_dropout": 1.0}, r"lora_dropout must be in \[0, 1\)"),
     ({"model": "hf", "task": "sft", "kernels": "auto"}, "kernels 'auto' with task sft"),
+    ({"model": "hf", "lora_merge": True}, "lora_merge merges LoRA adapters into the weights, and lora_r is 0"),
 ])
 def test_fine_tuning_options_are_checked_by_name(values, message):
     with pytest.raises(ValueError, match=message):

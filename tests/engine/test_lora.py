@@ -112,3 +112,30 @@ def test_a_meta_built_lora_model_starts_as_its_base_and_its_adapters_as_peft_ini
     with torch.no_grad(), model.disable_adapter():
         plain = model(tokens).logits
     assert torch.equal(model(tokens).logits.detach(), plain)
+
+
+def test_lora_targets_that_match_no_linear_layer_and_unsplittable_tp_layers_are_named():
+    """peft passes over a target name that matches nothing (a typo trains fewer layers, silently); the engine names
+    it, and the tied head and embeddings, which are no linear layer LoRA may wrap here. Under tensor parallelism every
+    LoRA layer whose split does not carry over is named at once (Phi-3's packed projections)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trainyard.engine.models.hf import adapters, spec as hf_spec
+
+    from . import families
+
+    tied = AutoModelForCausalLM.from_config(families.config("qwen2", tie=True))
+    with pytest.raises(ValueError, match="lora_targets: qproj names no linear layer of Qwen2ForCausalLM; .*q_proj"):
+        adapters.wrap(tied, r=2, alpha=4, targets="qproj,v_proj", dropout=0.0)
+    with pytest.raises(ValueError, match="lm_head names no linear layer .*the head tied to the input embedding"):
+        adapters.wrap(tied, r=2, alpha=4, targets="lm_head", dropout=0.0)
+    with pytest.raises(ValueError, match="embed_tokens names no linear layer"):
+        adapters.wrap(tied, r=2, alpha=4, targets="embed_tokens", dropout=0.0)
+    phi3 = get_peft_model(AutoModelForCausalLM.from_config(families.config("phi3")),
+                          LoraConfig(r=2, target_modules="all-linear"))
+    plan = hf_spec.tp_plan(phi3.get_base_model())
+    with pytest.raises(ValueError, match=r"splits the LoRA layers down_proj, gate_up_proj, o_proj, qkv_proj as "
+                                         r"colwise_gather_output, rowwise_split_input; .*leave down_proj, "
+                                         r"gate_up_proj, o_proj, qkv_proj out of the targets"):
+        adapters.lora_plan(phi3, "base_model.model", plan)

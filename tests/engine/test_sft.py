@@ -62,9 +62,23 @@ def test_a_template_that_rewrites_earlier_turns_and_bad_lines_are_refused(tokeni
     (tmp_path / "a.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(ValueError, match="a.jsonl:1 has no assistant message"):
         sft.read_examples(str(tmp_path))
+    (tmp_path / "a.jsonl").write_text(json.dumps({"messages": [{"role": "bot", "content": "hi"}]}) + "\n")
+    with pytest.raises(ValueError, match="a.jsonl:1 has no assistant message \\(roles bot\\)"):
+        sft.read_examples(str(tmp_path))
     (tmp_path / "a.jsonl").write_text('{"prompt": "hi"}\n')
     with pytest.raises(ValueError, match='a.jsonl:1 has neither "messages"'):
         sft.read_examples(str(tmp_path))
+    (tmp_path / "a.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"\(a.jsonl\) hold no example"):
+        sft.read_examples(str(tmp_path))
+
+
+def test_data_whose_answers_all_fall_beyond_seq_len_is_refused(tokenizer, tmp_path):
+    """Otherwise the job would train on nothing and report a loss of 0."""
+    long = " ".join(["the cat sat on the mat"] * 20)
+    (tmp_path / "a.jsonl").write_text(json.dumps({"prompt": long, "completion": "yes"}) + "\n")
+    with pytest.raises(ValueError, match="no assistant token of the 1 examples .* falls within seq_len 32"):
+        sft.SftSource(str(tmp_path), tokenizer, seed=0, global_batch_size=1, seq_len=32)
 
 
 def test_packed_rows_give_the_losses_and_gradients_of_the_examples_one_a_row(folders, tokenizer):

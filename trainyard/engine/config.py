@@ -135,6 +135,9 @@ class TrainConfig:
         if self.task == "sft" and self.kernels != "off":
             raise ValueError(f"kernels {self.kernels!r} with task sft: fine-tuning takes the model's logits, which the "
                              "kernels' fused loss replaces; set kernels off")
+        if self.lora_merge and not self.lora_r:
+            raise ValueError("lora_merge merges LoRA adapters into the weights, and lora_r is 0 (no adapters): set "
+                             "lora_r, or leave lora_merge out")
         if self.lora_r and not self.lora_alpha > 0:
             raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:

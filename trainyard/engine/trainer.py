@@ -109,6 +109,7 @@ class Trainer:
         else:
             model, vocab = build_model(MODEL_CONFIGS[cfg.model]), MODEL_CONFIGS[cfg.model].vocab_size
         self.params = count_parameters(model)
+        self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         shape = flops.shape_of(model)  # before transform: the whole model's shapes
         self.flops_per_token = shape.flops_per_token(cfg.seq_len) if shape else 6.0 * self.params
         precision = "float8" if cfg.dtype == "float8" else None if self.dtype == torch.float32 else self.dtype
@@ -233,6 +234,10 @@ class Trainer:
             layout += f"{moe.n_experts} experts ({', '.join(routing)}){spread}; "
         mics = MiCSConfig(hierarchical=par.hierarchical_allgather)
         hier = f", hierarchical over {dims.shard_hosts} hosts" if uses_hierarchy(dims, mics) else ""
+        if cfg.lora_r:  # what trains: the adapters alone
+            layout += (f"LoRA r {cfg.lora_r} (alpha {cfg.lora_alpha:g}) on {cfg.lora_targets}: "
+                       f"{self.trainable / 1e6:.3f}M parameters train, the rest frozen"
+                       f"{', exported merged' if cfg.lora_merge else ''}; ")
         return (f"model {cfg.model} ({self.params / 1e6:.2f}M parameters), world {self.ctx.world_size} on "
                 f"{self.ctx.device.type}/{self.ctx.backend}, dtype {self.dtype_name}, "
                 f"{self.accum} micro-batch(es) of {cfg.micro_batch_size} per rank, data {cfg.dataset}; {layout}"

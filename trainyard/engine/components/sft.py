@@ -42,6 +42,8 @@ def read_examples(folder: str) -> list[list[dict]]:
             for number, line in enumerate(fh, 1):
                 if line.strip():
                     examples.append(_messages(line, f"{name}:{number}"))
+    if not examples:
+        raise ValueError(f"task sft: the .jsonl files of {folder} ({', '.join(files)}) hold no example")
     return examples
 
 
@@ -49,14 +51,16 @@ def _messages(line: str, where: str) -> list[dict]:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"task sft: {where} is not JSON ({e})") from None
+        raise ValueError(f"task sft: {where} is not one JSON object a line ({e.msg} at character {e.pos})") from None
     if isinstance(record, dict) and isinstance(record.get("messages"), list):
         messages = record["messages"]
         for m in messages:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise ValueError(f"task sft: {where}: every message needs a string role and content, got {m!r}")
         if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"task sft: {where} has no assistant message: nothing to learn from it")
+            roles = sorted({m["role"] for m in messages})
+            raise ValueError(f"task sft: {where} has no assistant message (roles {', '.join(roles) or 'none'}): "
+                             "nothing to learn from it; the learnt turns have role \"assistant\"")
         return messages
     if isinstance(record, dict) and isinstance(record.get("prompt"), str) and isinstance(record.get("completion"), str):
         return [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["completion"]}]
@@ -157,6 +161,10 @@ class SftSource:
         random.Random(seed).shuffle(order)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.packed = build_rows([rendered[i] for i in order], seq_len, pad_id=pad, packing=packing)
+        if not self.packed.target_tokens:
+            raise ValueError(f"task sft: no assistant token of the {len(rendered)} examples of {folder} falls within "
+                             f"seq_len {seq_len} (every answer comes after the first {seq_len} tokens of its example): "
+                             "nothing would be learnt; raise seq_len")
         self.global_batch_size = global_batch_size
 
     def _picked(self, step: int) -> list[int]:

@@ -72,26 +72,27 @@ class AsyncSaver:
         state = state_of(model, optimizer, scheduler, step, extra, scaler, only)
         writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
                                 **storage_options(self.uri))
-        try:  # only rank 0 writes it: a failure here must not keep it out of the collective save
-            write_model_config(step_uri(self.uri, step), model)
-        except OSError as e:
-            self.say(f"WARNING: checkpoint step {step}: model.json not written ({e}); the save goes on")
         upload = dcp.async_save(state, storage_writer=writer, process_group=self.group,
                                 no_dist=not self.distributed)
         upload = getattr(upload, "upload_completion", upload)
         purges = not self.distributed or dist.get_rank() == 0
-        self.pending = (step, self._finisher.submit(self._finish, step, upload, writer, purges))
+        self.pending = (step, self._finisher.submit(self._finish, step, upload, writer, purges, model))
         return time.perf_counter() - start
 
     @functools.cached_property
     def _finisher(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(1, thread_name_prefix="ckpt-finish")
 
-    def _finish(self, step: int, upload, writer: VerifiedWriter, purges: bool) -> None:
-        """In the background: wait for the upload; once it is committed, purge old steps (rank 0). A failed
-        purge is reported and leaves the steps for the next one."""
+    def _finish(self, step: int, upload, writer: VerifiedWriter, purges: bool, model: nn.Module) -> None:
+        """In the background: wait for the upload; once it is committed, write its model.json (rank 0: written here,
+        not before the save, so that a slow or unreachable store never holds the loop) and purge old steps (rank
+        0). A failed purge or model.json is reported and leaves the step committed."""
         upload.result()
         self.done = (step, *writer.moved)
+        try:
+            write_model_config(step_uri(self.uri, step), model)
+        except Exception as e:  # noqa: BLE001 - the step is committed; only `trainyard checkpoint export` needs it
+            self.say(f"WARNING: checkpoint step {step}: model.json not written ({e}); the step is committed")
         self.say(f"checkpoint step {step} saved to {step_uri(self.uri, step)}")
         if purges:
             try:

@@ -193,8 +193,8 @@ def holds(metadata, key: str) -> bool:
 
 
 def write_model_config(target: str, model: nn.Module) -> None:
-    """`<step>/model.json`: the model's shape, for `trainyard checkpoint export` (rank 0, before the save,
-    so a committed step has it)."""
+    """`<step>/model.json`: the model's shape, for `trainyard checkpoint export` (rank 0: before a blocking save,
+    so that its committed step has it; after an asynchronous one's commit, in the background)."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or (dist.is_initialized() and dist.get_rank() != 0):
         return

@@ -139,6 +139,7 @@ def lora_plan(root: nn.Module, prefix: str, plan: dict) -> dict:
     lora_layer = _peft().tuners.lora.LoraLayer
     modules = dict(root.named_modules())
     out: dict = {}
+    unsplit: dict[str, str] = {}  # a LoRA layer's module name -> the style the plan gives it, where not carried
     for pattern, style in plan.items():
         full = f"{prefix}.{pattern}"
         for name, module in modules.items():
@@ -148,13 +149,17 @@ def lora_plan(root: nn.Module, prefix: str, plan: dict) -> dict:
                 out[name] = style
                 continue
             if style not in ("colwise", "rowwise"):
-                raise ValueError(f"tensor parallelism: {name} is a LoRA layer the plan splits as {style!r}; the engine "
-                                 "carries 'colwise' and 'rowwise' splits onto LoRA adapters only; leave "
-                                 f"{name.rsplit('.', 1)[-1]} out of LoraConfig's target_modules")
+                unsplit[name.rsplit(".", 1)[-1]] = style
+                continue
             out[f"{name}.base_layer"] = style
             side = "lora_B" if style == "colwise" else "lora_A"
             for adapter in module.lora_A:
                 out[f"{name}.{side}.{adapter}"] = style
+    if unsplit:
+        raise ValueError(f"tensor parallelism: the plan splits the LoRA layers {', '.join(sorted(unsplit))} as "
+                         f"{', '.join(sorted(set(unsplit.values())))}; the engine carries 'colwise' and 'rowwise' "
+                         f"splits onto LoRA adapters only: leave {', '.join(sorted(unsplit))} out of the targets "
+                         "(target_modules, lora_targets), or train with MiCS alone")
     return out
 
 
@@ -214,6 +219,19 @@ def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
     return [f"{out.rstrip('/')}/{name}" for name in names]
 
 
+def _check_targets(model: nn.Module, names: list[str]) -> None:
+    """Every name in `names` is the last part of the name of some linear layer of `model` other than a head tied to
+    its input embedding (peft matches names by their ends, and would pass over one that matches nothing)."""
+    head = model.get_output_embeddings() if getattr(model.config, "tie_word_embeddings", False) else None
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head}
+    tied = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if head is not None and m is head}
+    wrong = [n for n in names if n not in linear]
+    if wrong:
+        why = " (the head tied to the input embedding: adapting it would untie them)" if set(wrong) & tied else ""
+        raise ValueError(f"lora_targets: {', '.join(wrong)} names no linear layer of {type(model).__name__}{why}; "
+                         f"LoRA here wraps linear layers: choose among {', '.join(sorted(linear))}, or all-linear")
+
+
 def wrap(model: nn.Module, *, r: int, alpha: float, targets: str, dropout: float) -> nn.Module:
     """`model` with LoRA adapters of rank `r` on `targets` (comma-separated module names, or "all-linear"), as
     `peft.get_peft_model` makes them (the `peft` extra)."""
@@ -224,6 +242,8 @@ def wrap(model: nn.Module, *, r: int, alpha: float, targets: str, dropout: float
     names = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
     if not names:
         raise ValueError("lora_targets is empty: name the linear layers to adapt (q_proj,v_proj) or all-linear")
+    if names != "all-linear":
+        _check_targets(model, names)
     try:
         return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names,
                                                 task_type="CAUSAL_LM"))
