@@ -211,7 +211,7 @@ def checkpoint_busy(uri: str | None = None) -> bool:
     """Whether the last asynchronous save to `uri` (default: the job's checkpoint location) is still uploading on
     any rank (a collective: every rank gets the same answer). A loop that would rather skip a save than wait for a
     slow store asks this first: `if not checkpoint_busy(): save_checkpoint(...)`. False where nothing is saved."""
-    uri = _uri(uri)
+    uri = _uri(uri, check=False)
     ctx = current()
     return bool(uri) and uri in ctx._savers and ctx._savers[uri].busy()
 
@@ -221,7 +221,7 @@ def checkpoint_io(uri: str | None = None) -> list[dict]:
     call, oldest first: {"op": "save" or "load", "step", "bytes_per_rank", "gbps_per_rank"} (each rank's share
     and its rate; an asynchronous save's are gathered by the next `checkpoint_busy`, its upload being in the
     background). [] where nothing was saved or loaded."""
-    uri = _uri(uri)
+    uri = _uri(uri, check=False)
     ctx = current()
     return ctx._savers[uri].take_io() if uri and uri in ctx._savers else []
 
@@ -475,12 +475,18 @@ def log_metrics(step: int, metrics: dict[str, Any]) -> None:
         ctx._profiler.after_step(step)
 
 
-def _uri(uri: str | None) -> str:
-    """`uri`, else the job's checkpoint location; "" when there is neither."""
+def _uri(uri: str | None, *, check: bool = True) -> str:
+    """`uri`, else the job's checkpoint location; "" when there is neither. Checked (the bucket exists) once per
+    process and location: a later save asks the store nothing before its upload, which a store that stalls would
+    otherwise hold the loop on; `check=False` (asking about saves already made) never asks."""
     uri = uri or checkpoint_uri_from_contract()
-    if uri:
+    if uri and check and uri not in _CHECKED:
         ckpt.validate_uri(uri)
+        _CHECKED.add(uri)
     return uri
+
+
+_CHECKED: set[str] = set()
 
 
 def _no_location(what: str, ctx: Context) -> None:
