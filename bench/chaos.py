@@ -6,7 +6,8 @@ One clean run gives the reference weights; then, for each fault, the same job (c
 `max_retry_attempts=1`, `hang_timeout_s=10`) has the fault injected once rank 3 reaches a random step
 between 8 and 20 (seeded), and the suite measures:
 
-  detect_s     the fault -> the end of the attempt it broke (the job noticed and stopped it)
+  detect_s     the fault -> the end of the attempt it broke (the job noticed and stopped it); none when the
+               attempt rode the fault out (then nothing is lost: steps_lost 0)
   recover_s    the fault -> the next attempt's first new metrics row (training again; within 0.2 s)
   steps_lost   the last step done at the fault (rank 0's last metrics row) - the step the next attempt resumed
                from (0 when the ranks went on past the fault: an orphaned host trains until it is stopped)
@@ -253,10 +254,12 @@ def _run_fault(fault: str, steps: int, at_step: int, clean: dict, tag: str, worl
     return {
         "fault": fault, "job": job.name, "outcome": d["TrainingJobStatus"], **info,
         "attempts": len(attempts), "retry_class": attempts[0].get("RetryClass") if attempts else None,
-        "detect_s": round(attempts[0]["EndTime"].timestamp() - t_fault, 2) if attempts else None,
-        "recover_s": round(recovered - t_fault, 2) if recovered else None,
-        "resumed_from": resumed[-1] if resumed else 0,
-        "steps_lost": max(0, info["fault_step"] - (resumed[-1] if resumed else 0)) if info.get("fault_step") else None,
+        # a fault the attempt rode out (no retry): nothing detected, recovered or lost
+        "detect_s": round(attempts[0]["EndTime"].timestamp() - t_fault, 2) if len(attempts) > 1 else None,
+        "recover_s": round(recovered - t_fault, 2) if recovered and len(attempts) > 1 else None,
+        "resumed_from": resumed[-1] if resumed else None,
+        "steps_lost": (max(0, info["fault_step"] - (resumed[-1] if resumed else 0)) if len(attempts) > 1 else 0)
+        if info.get("fault_step") else None,
         "skipped_damaged": "is damaged and is skipped" in text,
         "identical": bool(weights) and weights.keys() == clean.keys() and all(torch.equal(weights[k], clean[k])
                                                                                for k in clean),
