@@ -1,6 +1,6 @@
 """An HTTP proxy for tests that sits in front of an S3 endpoint and fails a share of the requests.
 
-Each request is, with probability `rate`, answered with one of: 500 InternalError, 503 SlowDown, or a
+Each request is, with probability `rate`, answered with one of, in turn: 500 InternalError, 503 SlowDown, or a
 connection closed without an answer (after the request was read); otherwise it is forwarded unchanged.
 Seeded, bounded (it serves at most `max_requests` before it forwards everything), on 127.0.0.1 only.
 `down(seconds)` makes it an outage for that long: every request's connection is closed unanswered. `hold`
@@ -95,7 +95,8 @@ class FaultyProxy:
             if total >= self.max_requests or self.random.random() >= self.rate:
                 self.counts["forwarded"] += 1
                 return None
-            fault = self.random.choice(["500", "503", "dropped"])
+            # the kinds in turn: a few faults are enough to meet each of them
+            fault = ("500", "503", "dropped")[sum(self.counts[k] for k in ("500", "503", "dropped")) % 3]
             self.counts[fault] += 1
             return fault
 

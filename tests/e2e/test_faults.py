@@ -1,4 +1,4 @@
-"""Checkpoints through an object store that fails 5% of requests and is slow for one step's upload (slow: a real
+"""Checkpoints through an object store that fails 10% of requests and is slow for one step's upload (slow: a real
 multi-process job)."""
 import re
 
@@ -21,7 +21,7 @@ def test_job_with_a_checkpoint_every_step_survives_a_faulty_store(s3_endpoint, m
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="faulty")
     # step 1's data files take 2 s each to upload: the saves due meanwhile are skipped on every rank, not waited for
-    with FaultyProxy(s3_endpoint, rate=0.05, seed=1, hold={"/step-00000001/rank-": 2.0}) as proxy:
+    with FaultyProxy(s3_endpoint, rate=0.1, seed=1, hold={"/step-00000001/rank-": 2.0}) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # the SDK, the drivers and every rank go through it
         est = Estimator(entry_point="trainyard.engine.train", instance_type="local", instance_count=2,
                         processes_per_host=2, output_path="s3://faulty/out", checkpoint_s3_uri="s3://faulty/ckpt",
@@ -36,7 +36,7 @@ def test_job_with_a_checkpoint_every_step_survives_a_faulty_store(s3_endpoint, m
                                           "\n".join(described.get("Warnings", [])))}
     faults = counts["500"] + counts["503"] + counts["dropped"]
     print(f"faulty proxy: {counts}")
-    assert faults >= 8 and all(counts[k] > 0 for k in ("500", "503", "dropped")), counts
+    assert faults >= 6 and all(counts[k] > 0 for k in ("500", "503", "dropped")), counts
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     steps = ckpt.list_steps("s3://faulty/ckpt")
     # every step due was saved or skipped (named), the one after the slow one among the skipped, the last saved
