@@ -2,8 +2,10 @@
 tied embeddings, each under MiCS p=2 and TP=2 x MiCS, train as one unsharded process does (losses and adapter
 weights within 1e-5), only the adapters change (the frozen weights bit for bit), only they hold optimizer state;
 the adapter export loads with `PeftModel.from_pretrained` and gives the trained model's logits; a checkpoint of the
-adapters alone, resumed on 1 host x 2 over the base loaded from its safetensors, continues the loss curve. The
-refusals: other adapter types, DoRA, pipeline parallelism, a meta-device build (tests/engine/lora_worker.py)."""
+adapters alone, resumed on 1 host x 2 over the base loaded from its safetensors, continues the loss curve. A meta-device
+build starts as its base; refused by name: other adapter types, DoRA, kernels, pipeline parallelism, lora_dropout under
+tensor parallelism, targets that are no linear layer, splits that do not carry onto LoRA layers
+(tests/engine/lora_worker.py)."""
 import json
 import math
 import os
