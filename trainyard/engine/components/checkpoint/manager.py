@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
 from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, committed_steps, is_remote,
                                                               purge, step_uri, storage_options)
-from trainyard.engine.components import heartbeat
 from trainyard.engine.components.contract import DIRECT_CHECKPOINTS
 from trainyard.engine.components.checkpoint.state import (SCALER_KEY, holds, saved_model_names, state_of,
                                                           trainable_names, write_model_config)
@@ -45,11 +44,6 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     if not dist.is_initialized() or dist.get_rank() == 0:
         purge(uri, keep_last, protect=step)
     return target
-
-
-# how long a rank waiting for its save in flight says so in its heartbeat (then a wait counts towards a hang again):
-# botocore's standard retries of a request that times out (10 attempts of up to 20 s read timeout, with backoff)
-UPLOAD_PATIENCE_S = 300.0
 
 
 class AsyncSaver:
@@ -116,12 +110,6 @@ class AsyncSaver:
             return True
         step, finished = self.pending
         self.pending = None
-        started = time.monotonic()
-        while not finished.done() and time.monotonic() - started < UPLOAD_PATIENCE_S:
-            # the rank waits on its own upload, which the store's timeouts and retries bound: its heartbeat says so
-            # (a state that changes), so that the hang detection does not take it for a stuck collective
-            heartbeat.set_phase(f"checkpoint: step {step}'s upload, {time.monotonic() - started:.0f} s")
-            wait([finished], timeout=1.0)
         try:
             finished.result()
         except BaseException as e:  # DCP's CheckpointException is a BaseException
