@@ -45,8 +45,10 @@ def inner_model(model: nn.Module) -> nn.Module:
     return model.get_base_model()
 
 
-def adapter_names(model: nn.Module) -> list[str]:
-    return list(model.peft_config)
+def _prefix(model: nn.Module) -> str:
+    """Where the Hugging Face model sits in the PEFT model (`base_model.model`)."""
+    inner = inner_model(model)
+    return next(n for n, m in model.named_modules() if m is inner)
 
 
 def _check_adapters(model: nn.Module) -> None:
@@ -69,7 +71,7 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     if base is None:
         raise ValueError(f"a PEFT model over {type(inner).__name__}: the engine takes PEFT adapters over Hugging Face "
                          "causal LMs (transformers.PreTrainedModel) only")
-    prefix = next(n for n, m in model.named_modules() if m is inner)
+    prefix = _prefix(model)
 
     def tp_plan(root: nn.Module) -> dict | None:
         plan = base.tp_plan(inner_model(root))
@@ -170,28 +172,29 @@ def is_adapter_name(name: str) -> bool:
     return any(part in name for part in _ADAPTER_PARTS)
 
 
-def base_name(model: nn.Module, name: str) -> str:
+def base_name(prefix: str, name: str) -> str:
     """A PEFT model's state-dict name as the base model's files name it (`base_model.model.X.base_layer.weight` ->
-    `X.weight`)."""
-    prefix = next(n for n, m in model.named_modules() if m is inner_model(model))
+    `X.weight`; `prefix`: `_prefix(model)`)."""
     return name.removeprefix(f"{prefix}.").replace(".base_layer.", ".")
 
 
 def base_tensors(model: nn.Module, tensors: dict) -> dict:
     """`tensors` (a PEFT model's, by state-dict name) without the adapters, by the base model's names: what the
     base model's safetensors hold."""
-    return {base_name(model, n): t for n, t in tensors.items() if not is_adapter_name(n)}
+    prefix = _prefix(model)
+    return {base_name(prefix, n): t for n, t in tensors.items() if not is_adapter_name(n)}
 
 
 def merged_state(model: nn.Module, state: dict) -> dict:
     """The full state dict of a PEFT model (`state`, by its names) as the base model's with every LoRA adapter
     merged into the weight it wraps: W + scaling B A."""
     lora_layer = _peft().tuners.lora.LoraLayer
-    merged = {base_name(model, n): t.clone() for n, t in state.items() if not is_adapter_name(n)}
+    prefix = _prefix(model)
+    merged = {base_name(prefix, n): t.clone() for n, t in state.items() if not is_adapter_name(n)}
     for name, module in model.named_modules():
         if not isinstance(module, lora_layer):
             continue
-        weight = base_name(model, f"{name}.base_layer.weight")
+        weight = base_name(prefix, f"{name}.base_layer.weight")
         for adapter in module.lora_A:
             a, b = state[f"{name}.lora_A.{adapter}.weight"], state[f"{name}.lora_B.{adapter}.weight"]
             delta = (b.float() @ a.float()) * module.scaling[adapter]
