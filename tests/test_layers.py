@@ -38,6 +38,10 @@ ALLOWED_LOCAL = {
         "imports torch: export stays importable without it (the CLI imports it)",
     ("trainyard.engine.components.export", "trainyard.engine.components.checkpoint.io"):
         "imports torch: export stays importable without it (the CLI imports it)",
+    ("trainyard.engine.models.fused", "trainyard.kernels"):
+        "registering the ops imports torch._inductor and torch._dynamo: imported at the first swap, not with the engine",
+    ("trainyard.engine.models.fused", "trainyard.kernels.auto"):
+        "imports the ops (as trainyard.kernels): imported where kernels are asked for",
     ("trainyard.engine.components.heartbeat", "trainyard.engine.distributed.watch"):
         "imports torch: the driver reads the heartbeat's names without it",
 }

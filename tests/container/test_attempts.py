@@ -16,6 +16,24 @@ SDC_TWO = ("algo-1 rank 0 (local rank 0) exited with code 1:\nDataCorruption: da
            "which copy is damaged; a GPU or host memory of one of them may be faulty")
 
 
+
+
+def _straggler_reason() -> str:
+    """A rank's FailureReason after straggler_remove ended the attempt, from the engine's own message: rank 3 on
+    algo-2 twice as slow as its peers for a window."""
+    from trainyard.engine.components.stragglers import Detector, removal
+
+    detector = Detector(stages=[0] * 4, hosts=["algo-1", "algo-1", "algo-2", "algo-2"], steps=5)
+    for _ in range(5):
+        detector.observe([0.1, 0.1, 0.1, 0.2])
+    assert removal(Detector(stages=[0] * 2, hosts=["a", "b"]), 10) is None  # nobody slow: nothing ends
+    end = removal(detector, 40)
+    return f"algo-1 rank 0 (local rank 0) exited with code 1:\n{type(end).__name__}: {end}"
+
+
+SLOW = _straggler_reason()
+
+
 def _decide(outcome="Failed", reason=HANG, attempt=1, retries=2, count=2, **kw):
     return attempts.decide(outcome=outcome, reason=reason, attempt=attempt, max_retry_attempts=retries,
                            instance_count=count, **kw)
@@ -39,6 +57,9 @@ TABLE = [
     ("Failed", SDC, 1, 2, (), 1, "shrink", "data corruption", 1),  # elastic: without the outvoted host
     ("Failed", SDC, 1, 2, (), 2, "restart", "data corruption", 2),
     ("Failed", SDC_TWO, 1, 2, (), 1, "restart", "data corruption", 2),  # 2 replicas: no host to blame
+    ("Failed", SLOW, 1, 2, (), 1, "shrink", "straggler", 1),  # straggler_remove: without the slow rank's host
+    ("Failed", SLOW, 1, 2, (), 2, "restart", "straggler", 2),  # fewer than elastic's minimum would be left
+    ("Failed", SLOW, 2, 1, (), 1, "end", "straggler", 2),  # retries spent
     ("Interrupted", "hosts ['algo-1'] interrupted", 1, 1, (), None, "restart", "lost host", 2),
     ("Interrupted", "hosts ['algo-1'] interrupted", 2, 1, (), None, "end", "lost host", 2),
 ]
@@ -53,6 +74,13 @@ def test_decide(outcome, reason, attempt, retries, lost, elastic_min, action, cl
 def test_a_shrink_after_data_corruption_names_the_host_left_out():
     assert attempts.corrupt_hosts(SDC) == ["algo-2"] and attempts.corrupt_hosts(SDC_TWO) == []
     assert "leaving out algo-2, whose copy differed" in _decide(reason=SDC, elastic_min=1).why
+
+
+def test_a_shrink_after_a_straggler_names_its_host():
+    assert attempts.straggler_hosts(SLOW) == ["algo-2"] and attempts.straggler_hosts(SDC) == []
+    assert "rank 3 (algo-2) still slow at step 40's committed checkpoint" in SLOW
+    assert "leaving out algo-2, whose rank(s) straggled, going on with 1 host(s)" in _decide(reason=SLOW,
+                                                                                             elastic_min=1).why
 
 
 def test_the_reasons_read_as_the_logs_say_them():

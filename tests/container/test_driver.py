@@ -92,21 +92,18 @@ def test_retry_class_of_a_failure_reason():
         assert retry_class(_f(last_lines=f"Traceback (most recent call last):\n{text}").reason()) is None
 
 
-def test_a_silent_rank_is_dated_by_torchrun_not_by_its_first_words(tmp_path):
-    """Rank 3 was killed first (torchrun saw it at 1000); rank 2 ended 30 s later, killed by torchrun.
+def test_a_silent_rank_is_dated_by_the_launcher_not_by_its_first_words(tmp_path):
+    """Rank 3 was killed first (the launcher saw it at 1000); rank 2 ended 30 s later, killed by the launcher.
     Neither spoke near its end: their stderr files are from their start, rank 2's the older."""
-    from types import SimpleNamespace
-
-    from trainyard.container.driver import _rank_failure
+    from trainyard.container.failure import from_rank_logs
 
     def failure(rank, local_rank, timestamp, words_at):
         err = tmp_path / "run" / "attempt_0" / str(local_rank) / "stderr.log"
         err.parent.mkdir(parents=True, exist_ok=True)
         err.write_text("some warning at start\n")
         os.utime(err, (words_at, words_at))
-        f = SimpleNamespace(local_rank=local_rank, exitcode=-9, timestamp=timestamp, message="",
-                            signal_name=lambda: "SIGKILL")
-        return _rank_failure("algo-2", rank, f, str(tmp_path))
+        return from_rank_logs(host="algo-2", rank=rank, local_rank=local_rank, exitcode=-9, when=float(timestamp),
+                              stderr=str(err))
 
     first, later = failure(3, 1, 1000, words_at=950.0), failure(2, 0, 1030, words_at=900.0)
     assert (first.time, later.time) == (1000.0, 1030.0) and root_cause([later, first]) is first
@@ -116,20 +113,21 @@ def test_a_silent_rank_is_dated_by_torchrun_not_by_its_first_words(tmp_path):
 def test_a_rank_silent_on_stderr_is_reported_with_its_stdout_or_as_silent(tmp_path):
     """The evidence for a rank that exits without a traceback: its stdout's last lines, or the fact that it
     printed nothing at all (both were a bare head before)."""
-    from types import SimpleNamespace
+    import functools
 
-    from trainyard.container.driver import _rank_failure
+    from trainyard.container.failure import from_rank_logs
 
     folder = tmp_path / "run" / "attempt_0" / "0"
     folder.mkdir(parents=True)
     (folder / "stderr.log").write_text("")
     (folder / "stdout.log").write_text("step 3/10 loss 2.5\nexiting: my own check failed\n")
-    f = SimpleNamespace(local_rank=0, exitcode=1, timestamp=1000, message="", signal_name=lambda: "")
-    got = _rank_failure("algo-1", 0, f, str(tmp_path))
+    failure = functools.partial(from_rank_logs, host="algo-1", rank=0, local_rank=0, exitcode=1, when=1000.0,
+                                stderr=str(folder / "stderr.log"))
+    got = failure()
     assert got.reason() == ("algo-1 rank 0 (local rank 0) exited with code 1:\n(nothing on stderr; its last lines "
                             "on stdout:)\nstep 3/10 loss 2.5\nexiting: my own check failed")
     (folder / "stdout.log").write_text("")
-    assert _rank_failure("algo-1", 0, f, str(tmp_path)).reason() == (
+    assert failure().reason() == (
         "algo-1 rank 0 (local rank 0) exited with code 1:\n(it printed nothing on stdout or stderr)")
 
 

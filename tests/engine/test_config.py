@@ -37,6 +37,9 @@ def test_sagemaker_style_values():
     (["--steps", "0"], "steps"),
     (["--dtype", "float64"], "dtype"),
     (["--model", "tiny", "--seq_len", "4096"], "seq_len"),
+    (["--straggler_remove", "true"], r"straggler_remove .* checkpoint_every \(0\)"),
+    (["--straggler_remove", "true", "--checkpoint_every", "5", "--straggler_check_every", "0"],
+     r"straggler_check_every \(0\)"),
 ])
 def test_invalid_hyperparameters_are_named(argv, match):
     with pytest.raises(ValueError, match=match):

@@ -39,6 +39,11 @@ PRIVATE = {
     "torch._foreach_mul_": "clipping many gradient shards at once",
     "torch._C._distributed_c10d._resolve_process_group": "the comm meter names a functional collective's group",
     "torch.distributed.pipelining.schedules._batch_p2p": "the comm meter counts pipeline sends",
+    "torch._compile": "lazy_dynamo: the module of torch's `_disable_dynamo` decorator, replaced while deferred",
+    "torch._compile._disable_dynamo": "lazy_dynamo fills its wrappers' `__dynamo_disable` cache with the plain "
+                                      "function until torch._dynamo is imported (engine/components/lazy_dynamo.py)",
+    "torch._disable_dynamo": "lazy_dynamo: torch's own name for the same decorator",
+    "torch._dynamo": "lazy_dynamo stands in for the package until something may compile",
 }
 
 

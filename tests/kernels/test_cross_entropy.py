@@ -270,8 +270,10 @@ def test_bf16_grad_weight_in_the_weights_dtype_holds_half_the_memory():
 
     chunk = ce.chunk_size_for(h, n)
     low, high = run("weight"), run("float32")
-    # bf16 buffer, one bf16 chunk and its float32 copy (the eager path's softmax), bf16 grad_hidden
-    assert low <= 2 * v * h + 6 * chunk * v + 2 * n * h + (1 << 20), low
+    # bf16 buffer, one bf16 chunk and its float32 copy (the eager path's softmax), bf16 grad_hidden; beyond the
+    # 1 MiB of small tensors, oneDNN's bf16 matmuls on a CPU with AMX take scratch of their own (26 and 51 KB a
+    # matmul at these shapes, measured on this project's CI machine: 27 KB past 1 MiB): 256 KB more
+    assert low <= 2 * v * h + 6 * chunk * v + 2 * n * h + (1 << 20) + (1 << 18), low
     assert high - low >= 2 * v * h, (low, high)
     with pytest.raises(ValueError, match="accumulate='fp8'"):
         fused_linear_cross_entropy(hidden, weight, targets, accumulate="fp8")

@@ -9,7 +9,7 @@ into their requests.
 
 The numbers: attempt 1 is the first run; `max_retry_attempts` more may follow, for a failure that a retry may
 cure (container/failure.py `retry_class`: a hang, a killed process, a lost host, a collective error, a full
-disk) or an interruption (a spot reclaim, an instance gone). A user's error is never retried.
+disk, data corruption, a straggler left out) or an interruption (a spot reclaim, an instance gone). A user's error is never retried.
 """
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ def decide(*, outcome: str, reason: str, attempt: int, max_retry_attempts: int, 
     if damaged and elastic_min is not None and left >= elastic_min:
         return Decision("shrink", f"{why}; elastic: leaving out {', '.join(damaged)}, whose copy differed from its "
                                   f"replicas', going on with {left} host(s)", cls, left)
+    slow = straggler_hosts(reason) if cls == "straggler" else []
+    left = instance_count - len(slow)
+    if slow and elastic_min is not None and left >= elastic_min:
+        return Decision("shrink", f"{why}; elastic: leaving out {', '.join(slow)}, whose rank(s) straggled, going on "
+                                  f"with {left} host(s)", cls, left)
     return Decision("restart", why, cls, instance_count)
 
 
@@ -70,6 +75,16 @@ def corrupt_hosts(reason: str) -> list[str]:
     """The hosts whose copy of a shard the majority of its replicas outvoted, from a data-corruption failure."""
     found = _OUTVOTED.search(reason)
     return sorted(set(re.findall(r"rank \d+ \(([^)]+)\)", found.group(1)))) if found else []
+
+
+# straggler_remove's verdict (engine/components/stragglers.py `removal`)
+_STRAGGLED = re.compile(r"the job goes on without (.+?) \(straggler_remove\)")
+
+
+def straggler_hosts(reason: str) -> list[str]:
+    """The hosts whose ranks were still slow at the checkpoint where straggler_remove ended the attempt."""
+    found = _STRAGGLED.search(reason)
+    return sorted(h.strip() for h in found.group(1).split(",")) if found else []
 
 
 def record(status, attempt: int, outcome: str, reason: str = "", cls: str | None = None, **extra: Any) -> None:

@@ -1,4 +1,4 @@
-"""The in-container driver: contract in, torchrun, failure file and artifacts out.
+"""The in-container driver: contract in, the host's processes, failure file and artifacts out.
 
     python -m trainyard.container.driver [--root /opt/ml] [--log-dir DIR] [--status-file PATH]
 
@@ -11,8 +11,9 @@
    win) and logs one line saying what it found and set;
 4. with `TRAINYARD_BANDWIDTH_PROBE=1` in the job's environment, runs the bandwidth probe
    (trainyard/container/probe.py) with torchrun first: same hosts and processes, its own rendezvous port;
-5. runs the command built by `build_torchrun_command` (torchrun's own launcher, in this process, so that a
-   failure comes back as structured data: rank, exit code or signal), every rank's output prefixed `[algo-2/3]`;
+5. starts the host's processes as torchrun would with a static rendezvous (trainyard/container/launcher.py: the
+   same variables, without importing torch; a failure comes back as structured data: rank, exit code or signal),
+   every rank's output prefixed `[algo-2/3]`;
    a job without a distribution runs its entry point as one plain `python` process instead, as SageMaker does
    (trainyard/container/plainrun.py, `JobSpec.launcher`);
 6. on failure writes `<root>/output/failure` (never over one the user wrote) naming host, rank, exit code or
@@ -20,8 +21,8 @@
 7. on the first host, tars `<root>/model` and `<root>/output/data` to `<output_path>/<job>/output/`.
 
 It times what it does as the host's phases (trainyard/container/phases.py) in `--phases-file`: `capacity`
-(when the local supervisor says when it spawned this driver), `code`, `probe`, `first_step` (torchrun's
-start -> the first step seen, trainyard/container/firststep.py) and, on the first host, `upload`.
+(when the local supervisor says when it spawned this driver), `code`, `probe`, `first_step` (the
+launch -> the first step seen, trainyard/container/firststep.py) and, on the first host, `upload`.
 
 Folders mirrored to object storage while the job runs and a last time when it ends, whatever the outcome
 (`folder_sync.FolderSync`, `start_syncs`): with `checkpoint_s3_uri`, a user script's checkpoint folder, restored
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import glob
 import json
 import os
 import shutil
@@ -58,13 +58,14 @@ from trainyard.container.ckpt_sync import CheckpointSync
 from trainyard.container.codefetch import fetch_code
 from trainyard.container.contract import JOB_FILE, PLATFORM_ENV, render_contract, under_root, user_args
 from trainyard.container.folder_sync import DEFAULT_INTERVAL_S, FolderSync
-from trainyard.container.failure import RankFailure, from_rank_logs, headline, root_cause
+from trainyard.container.failure import RankFailure, headline
 from trainyard.container.hang import HANG_WATCH_ENV, HostHangWatch, heartbeat_dir
 from trainyard.engine.components.contract import FIRST_STEP_ENV
 from trainyard.engine.components.process_exit import exit_now
 from trainyard.engine.components.heartbeat import ENV as HEARTBEAT_ENV
 from trainyard.container.firststep import FirstStepWatch, rank_logs
 from trainyard.container.metricship import METRICS_FILE
+from trainyard.container.launcher import run_processes
 from trainyard.container.plainrun import build_plain_command, run_plain
 from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_ENV, PhaseLog
 from trainyard.job.jsonio import now_iso
@@ -118,7 +119,7 @@ def launch_line(spec: JobSpec, index: int, master_addr: str, master_port: int) -
     where = f"host {index + 1} of {spec.instance_count}"
     if spec.launcher == "python":
         return f"launching python {entry} once, {where} (no distribution: no launcher, as on SageMaker)"
-    return (f"launching {entry} on {spec.processes_per_host} process(es), {where} (torchrun, rendezvous at "
+    return (f"launching {entry} on {spec.processes_per_host} process(es), {where} (rendezvous at "
             f"{master_addr}:{master_port})")
 
 
@@ -169,29 +170,10 @@ def run_probe(cmd: list[str], cwd: str, timeout: float = PROBE_TIMEOUT_S) -> int
         return None
 
 
-def run_torchrun(cmd: list[str], cwd: str, host: str, log_dir: str) -> tuple[int, RankFailure | None]:
-    """Run torchrun's launcher in this process. Returns (exit status, root-cause failure or None)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    os.chdir(cwd)
-    try:
-        run(parse_args(cmd[1 + len(TORCHRUN) :]))
-        return 0, None
-    except SignalException as e:
-        return 128 + int(e.sigval), None
-    except ChildFailedError as e:
-        failures = []
-        for rank, f in e.failures.items():
-            failures.append(_rank_failure(host, rank, f, log_dir))
-        return 1, root_cause(failures)
-
-
 def run_training(launch: Callable[[], tuple[int, RankFailure | None]], host: str, log_dir: str, *, phases: PhaseLog,
                  metrics_file: str, regexes: list[str],
                  hang_timeout_s: float | None = None) -> tuple[int, RankFailure | None, str]:
-    """`launch()` (`run_torchrun`, or `plainrun.run_plain`: their ranks' files under `log_dir`), timed as the
+    """`launch()` (`launcher.run_processes`, or `plainrun.run_plain`: their ranks' files under `log_dir`), timed as the
     `first_step` phase: from here to the first step the watch sees; no step seen, no phase. Where the driver watches
     its own ranks for hangs (`TRAINYARD_HANG_WATCH=driver`: EC2 nodes), the third value is the hang's diagnosis once
     the watch fired ("" otherwise)."""
@@ -222,13 +204,6 @@ def run_training(launch: Callable[[], tuple[int, RankFailure | None]], host: str
             hangs.stop()
         if not watch.seen:
             phases.drop(FIRST_STEP)
-
-
-def _rank_failure(host: str, rank: int, f, log_dir: str) -> RankFailure:
-    # torchrun's layout: <log_dir>/<run id>/attempt_<n>/<local rank>/stderr.log
-    logs = sorted(glob.glob(f"{log_dir}/*/attempt_*/{f.local_rank}/stderr.log"), key=os.path.getmtime)
-    return from_rank_logs(host=host, rank=rank, local_rank=f.local_rank, exitcode=f.exitcode,
-                          when=float(f.timestamp), stderr=logs[-1] if logs else None, message=str(f.message or ""))
 
 
 def start_syncs(spec: JobSpec, root: str, env: dict, say, syncs: list[FolderSync]) -> None:
@@ -521,10 +496,10 @@ def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
                                    run.code_dir, host=run.host, rank=run.index, log_dir=log_dir,
                                    master_addr=run.master_addr, master_port=port)
     else:
-        launch = functools.partial(run_torchrun, build_torchrun_command(
-            nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
-            master_addr=run.master_addr, master_port=port, entry_point=spec.entry_point,
-            entry_kind=spec.entry_kind, args=args, log_dir=log_dir), run.code_dir, run.host, log_dir)
+        launch = functools.partial(run_processes, build_plain_command(spec.entry_point, spec.entry_kind, args),
+                                   run.code_dir, host=run.host, node_rank=run.index, nnodes=spec.instance_count,
+                                   nproc=spec.processes_per_host, master_addr=run.master_addr, master_port=port,
+                                   log_dir=log_dir)
     run.say(launch_line(spec, run.index, run.master_addr, port))
     code, failure, hang = run_training(launch, run.host, log_dir, phases=run.phases,
                                        metrics_file=f"{run.root}/output/data/{METRICS_FILE}",

@@ -79,7 +79,8 @@ def root_cause(failures: list[RankFailure]) -> RankFailure:
 
 # what `retry_class` names; anything else (an exception in the user's code, an import error, bad
 # hyperparameters) is the user's to fix and is never retried
-RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error", "disk full", "data corruption")
+RETRY_CLASSES = ("hang", "lost host", "killed process", "collective error", "disk full", "data corruption",
+                 "straggler")
 
 
 def retry_class(reason: str) -> str | None:
@@ -91,7 +92,9 @@ def retry_class(reason: str) -> str | None:
     - collective error: the root cause is itself a gloo/NCCL error (a link cut, a peer gone mid-collective);
     - disk full: ENOSPC (the space may have been freed: a retry that finds it full again fails the same way);
     - data corruption: a copy of a shard differed from its replicas (engine/components/sdc.py): the retry resumes
-      from the last checkpoint, checked before it was saved.
+      from the last checkpoint, checked before it was saved;
+    - straggler: with straggler_remove, ranks still slow at a committed checkpoint ended the attempt there
+      (engine/components/stragglers.py): an elastic job goes on from it without their hosts.
     """
     head = reason.split("\n", 1)[0]
     if head.startswith("Hang:"):
@@ -102,6 +105,8 @@ def retry_class(reason: str) -> str | None:
         return "lost host"
     if "DataCorruption: data corruption: " in reason:
         return "data corruption"
+    if "StragglerRemoval: straggler: " in reason:
+        return "straggler"
     if _ECHO.search(reason):
         return "collective error"
     if "No space left on device" in reason:

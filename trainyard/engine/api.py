@@ -58,8 +58,8 @@ from trainyard.engine.distributed.parallelize import forward_backward as _forwar
 from trainyard.engine.distributed.pipeline import PipelineConfig
 from trainyard.engine.distributed.process import Dist, check_launched, destroy_distributed, init_distributed
 from trainyard.engine.models import float8
-from trainyard.engine.models.fused import LMHidden, backend_of, lm_loss, describe_choices, plan_backends, swap_kernels
-from trainyard.kernels.auto import as_record
+from trainyard.engine.models.fused import (LMHidden, backend_of, lm_loss, describe_choices, plan_backends,
+                                           record_choices, swap_kernels)
 from trainyard.engine.quiet import quiet
 from trainyard.engine.models.hf import adapters, weights as hf_weights
 from trainyard.engine.models.registry import resolve_spec
@@ -304,7 +304,7 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     result = parallelize(model, spec, dims, device=ctx.device, mics=mics, pipeline=pipeline,
                          ac=activation_checkpointing or par.activation_checkpointing, two_hop=par.two_hop_sync,
                          seed=seed, init=init, compile=compile)
-    result.kernels = as_record(choices)
+    result.kernels = record_choices(choices)
     result.scaler = GradScaler(result.model.parameters, enabled=param_dtype == torch.float16, device=ctx.device)
     # without a precomputed scale torchao computes each weight's at its all-gather (one all-reduce per weight);
     # optimizer_step precomputes them all in one after each step. torchao keeps a precomputed scale until the

@@ -97,6 +97,9 @@ class TrainConfig:
     """How much slower than the median of its peers a rank's step must be to count as slow."""
     straggler_steps: int = 20
     """Consecutive slow steps before a rank is named a straggler."""
+    straggler_remove: bool = False
+    """With the job's `elastic`: a rank still slow at a committed checkpoint ends the attempt there, and the job goes
+    on from that checkpoint without its host (retry class `straggler`); False: stragglers are only named."""
 
     sdc_check_every: int = 100
     """Compare every parameter shard with its replicas (MiCS's partition groups) every this many steps, before
@@ -153,6 +156,10 @@ class TrainConfig:
             raise ValueError(f"straggler_ratio must be > 1, got {self.straggler_ratio}")
         if self.straggler_steps < 1:
             raise ValueError(f"straggler_steps must be >= 1, got {self.straggler_steps}")
+        if self.straggler_remove and not (self.straggler_check_every and self.checkpoint_every):
+            raise ValueError("straggler_remove leaves a straggler's host out at a checkpoint: it needs "
+                             f"straggler_check_every ({self.straggler_check_every}) and checkpoint_every "
+                             f"({self.checkpoint_every}) above 0")
         for name in ("seed", "warmup_steps", "decay_steps", "checkpoint_every", "straggler_check_every",
                      "sdc_check_every"):
             if getattr(self, name) < 0:

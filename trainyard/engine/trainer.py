@@ -32,7 +32,7 @@ from trainyard.engine.components.meter import CommMeter, model_state_bytes
 from trainyard.engine.components.optim import build_optimizer, build_scheduler
 from trainyard.engine.components.sdc import SdcCheck, inject_from_env
 from trainyard.engine.components.sft import IGNORE, SftSource, sft_loss
-from trainyard.engine.components.stragglers import Detector, StragglerWatch
+from trainyard.engine.components.stragglers import Detector, StragglerWatch, removal
 from trainyard.engine.components.termination import Termination
 from trainyard.engine.config import TrainConfig
 from trainyard.engine.distributed.mics import MiCSConfig, uses_hierarchy
@@ -402,6 +402,8 @@ class Trainer:
                         row["kernels"] = self.layout.kernels
                     first = False
                 api.log_metrics(step, row)  # every rank: rank 0 writes it; a profiled run may end here
+                if cfg.straggler_remove and saving and self.saved_step == step and self.stragglers:
+                    self.remove_stragglers(step)
                 if termination.requested(self.ctx.device):
                     self.stop(termination)
                     return False
@@ -409,6 +411,20 @@ class Trainer:
             api.wait_for_checkpoints()  # whatever happened, the save in flight completes (or reports) before exit
             termination.restore()
         return True
+
+    def remove_stragglers(self, step: int) -> None:
+        """straggler_remove: with ranks named and still slow, once `step`'s checkpoint is committed on every rank,
+        end the attempt (StragglerRemoval on every rank): the job's attempt policy goes on without their hosts."""
+        end = removal(self.stragglers.detector, step)
+        if end is None:
+            return
+        committed = torch.tensor([1.0 if api.wait_for_checkpoints() else 0.0], device=self.ctx.device)
+        torch.distributed.all_reduce(committed, op=torch.distributed.ReduceOp.MIN)  # every rank decides the same
+        if not committed.item():
+            self.log(f"WARNING: {end}; not now: step {step}'s checkpoint did not commit")
+            return
+        self.log(f"WARNING: {end}")
+        raise end
 
     def stop(self, termination: Termination) -> None:
         """SIGTERM reached a rank: finish the save in flight, then checkpoint the step just completed if it is

@@ -508,6 +508,11 @@ def _check_builtin_hyperparameters(spec: JobSpec) -> None:
                                              "kernels='auto' (Triton where it runs, else the eager ops), 'eager', or "
                                              "environment={'TRITON_INTERPRET': '1'} to run Triton's interpreter on "
                                              "the CPU (slow)")
+    if cfg.straggler_remove and spec.elastic is None:
+        raise ConfigError("hyperparameters", "straggler_remove=true goes on without a straggler's host, which only an "
+                                             "elastic job does: set elastic={'min_instance_count': N} (with "
+                                             "max_retry_attempts >= 1), or drop straggler_remove to have stragglers "
+                                             "named only")
     late = [s for s in (spec.profiler.steps if spec.profiler else ()) if s > cfg.steps]
     if late:
         raise ConfigError("profiler", f"step(s) {late} come after the job's last step {cfg.steps} (hyperparameter "

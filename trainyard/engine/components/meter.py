@@ -27,6 +27,7 @@ allocated while `fn` ran, above what it held before (the kernels' memory tests a
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -35,7 +36,6 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.distributed.pipelining import schedules as pp_schedules
 
 from trainyard.engine.distributed.work import DelegatingWork
 
@@ -153,7 +153,12 @@ class CommMeter:
                     if hasattr(funcol, name)]
         patches += [(funcol, name, self._wrap_all_to_all(getattr(funcol, name), backward))
                     for name, backward in (("all_to_all_single", False), ("all_to_all_single_autograd", True))]
-        patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
+        # a pipeline's sends, where one is built: its schedule module is imported by the build
+        # (distributed/pipeline.py), before any step; importing it here would import torch._dynamo in every process
+        if "torch.distributed.pipelining.schedules" in sys.modules:
+            from torch.distributed.pipelining import schedules as pp_schedules
+
+            patches.append((pp_schedules, "_batch_p2p", self._wrap_p2p(pp_schedules._batch_p2p)))
         # the other batched sends: context parallelism's ring (engine/distributed/context.py, GroupRing)
         patches.append((dist, "batch_isend_irecv", self._wrap_batch(dist.batch_isend_irecv)))
         saved = [(module, name, getattr(module, name)) for module, name, _ in patches]

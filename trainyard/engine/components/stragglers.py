@@ -45,6 +45,23 @@ class Straggler:
         return f"rank {self.rank} ({self.host}) {self.ratio:.2f}x the median step for {self.steps} steps"
 
 
+class StragglerRemoval(RuntimeError):
+    """straggler_remove: ranks still slow at a committed checkpoint end the attempt, on every rank, so that an elastic
+    job goes on from that checkpoint without their hosts (container/attempts.py reads the hosts from the message)."""
+
+
+def removal(detector: "Detector", step: int) -> StragglerRemoval | None:
+    """The end of the attempt at `step`'s committed checkpoint when ranks are named and still slow, else None: the
+    same on every rank (every rank runs the detector on the same gathered figures)."""
+    slow = detector.slow()
+    if not slow:
+        return None
+    hosts = sorted({detector.hosts[r] for r in slow})
+    ranks = ", ".join(f"rank {r} ({detector.hosts[r]})" for r in slow)
+    return StragglerRemoval(f"straggler: {ranks} still slow at step {step}'s committed checkpoint: the job goes on "
+                            f"without {', '.join(hosts)} (straggler_remove)")
+
+
 class Detector:
     """The comparison, without collectives: `observe(times)` with every rank's compute of one step (index: rank)
     returns the ranks named at this step.

@@ -26,12 +26,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
 from trainyard.parallel.layout import check_pipeline, stage_layers
 from trainyard.engine.protocols import StageSplit
 
-_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -107,9 +105,13 @@ def build_schedule(parts: list[nn.Module], stages: list[int], num_stages: int, *
     pp = pp_group.size()
     check_pipeline(pp=pp, schedule=config.schedule, virtual_stages=config.virtual_stages,
                    microbatches=config.microbatches)
-    pipeline_stages = [PipelineStage(part, index, num_stages, device, group=pp_group)
+    # imported here, not at the top: torch.distributed.pipelining imports torch._dynamo (0.9 s of CPU), which a
+    # training process without a pipeline never needs (components/lazy_dynamo.py)
+    from torch.distributed import pipelining
+
+    pipeline_stages = [pipelining.PipelineStage(part, index, num_stages, device, group=pp_group)
                        for part, index in zip(parts, stages)]
-    cls = _SCHEDULES[config.schedule]
+    cls = getattr(pipelining, _SCHEDULES[config.schedule])
     if config.schedule == "interleaved_1f1b":
         return cls(pipeline_stages, n_microbatches=config.microbatches, loss_fn=loss_fn, scale_grads=True)
     return cls(pipeline_stages[0], n_microbatches=config.microbatches, loss_fn=loss_fn, scale_grads=True)

@@ -48,22 +48,43 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial
 
-from trainyard import kernels
-from trainyard.kernels import auto
-from trainyard.kernels.auto import Choice, OpShapes
-from trainyard.kernels.rmsnorm import rms_norm_reference
+if TYPE_CHECKING:
+    from trainyard.kernels.auto import Choice, OpShapes
 
 MODES = {None: None, False: None, "off": None, "eager": "eager", "eager-chunked": "eager", "triton": "triton",
          "auto": "auto", True: "auto"}
 # An op and the module it replaces agree to float32 rounding on the probes (~1e-7); a different formula is off
 # by O(1).
 PROBE_TOLERANCE = 1e-5
+
+
+kernels = None  # trainyard.kernels once `_ops()` imported it (every swap does, before any op runs)
+
+
+def _ops():
+    """trainyard.kernels, imported at the first swap and not with the engine: registering its ops imports
+    torch._inductor and torch._dynamo (1.2 s of CPU), which a process that swaps nothing never needs
+    (components/lazy_dynamo.py). The swapped forwards read the module global, as a compiled graph traces it."""
+    global kernels
+    if kernels is None:
+        from trainyard import kernels as imported
+
+        kernels = imported
+    return kernels
+
+
+def _auto():
+    """trainyard.kernels.auto, imported where kernels are asked for (as `_ops`)."""
+    from trainyard.kernels import auto
+
+    return auto
 
 
 def backend_of(kernels_arg) -> str | None:
@@ -188,7 +209,7 @@ def _norm_offset(module: nn.Module, gen: torch.Generator) -> tuple[float, float]
     if want is None:
         return None
     for offset in (0.0, 1.0):
-        if _close(rms_norm_reference(x, w + offset, float(eps)), want):
+        if _close(_ops().rmsnorm.rms_norm_reference(x, w + offset, float(eps)), want):
             return float(eps), offset
     return None
 
@@ -230,7 +251,7 @@ def _rope_matches(fn, gen: torch.Generator) -> bool:
     want = _run(fn, q, k, cos, sin)
     if not isinstance(want, tuple) or len(want) != 2:
         return False
-    got = kernels.apply_rope(q, k, cos, sin, layout="hf", backend="eager")
+    got = _ops().apply_rope(q, k, cos, sin, layout="hf", backend="eager")
     return all(_close(g, w) for g, w in zip(got, want))
 
 
@@ -380,6 +401,7 @@ def swap_kernels(model: nn.Module, backend: str, *, fused_loss: bool, seed: int 
     """Swap the model's modules for the ops where they compute the same (see the module docstring).
     `backends`: a backend per op ("rms_norm", "swiglu", "rope", "loss") over `backend` (kernels=auto under
     compile: the ops left to inductor run their eager reference)."""
+    _ops()  # the swapped forwards call its ops
     gen = torch.Generator().manual_seed(seed)
     done = Swapped()
     per_op = {op: (backends or {}).get(op, backend) for op in ("rms_norm", "swiglu", "rope", "loss")}
@@ -439,7 +461,7 @@ def op_shapes(model: nn.Module) -> OpShapes:
                 head_dim = module.head_dim
                 q_heads, kv_heads = getattr(module, q).out_features // head_dim, getattr(module, k).out_features // head_dim
                 layout = "pairs" if q == "wq" else "hf"
-    return OpShapes(hidden, ffn, q_heads, kv_heads, head_dim, layout)
+    return _auto().OpShapes(hidden, ffn, q_heads, kv_heads, head_dim, layout)
 
 
 def plan_backends(model: nn.Module, backend: str, *, compile: bool, device: torch.device,
@@ -449,11 +471,17 @@ def plan_backends(model: nn.Module, backend: str, *, compile: bool, device: torc
     otherwise every op takes `backend` as before."""
     if backend != "auto" or not compile or device.type != "cuda":
         why = "not compiled" if not compile else "not measured off CUDA" if backend == "auto" else f"kernels={backend}"
-        return auto.unmeasured(backend, device, why), {}
+        return _auto().unmeasured(backend, device, why), {}
+    auto = _auto()
     times, errors = auto.measure(op_shapes(model), device, dtype or torch.float32)
     choices = auto.decide(times)
     choices["loss"] = auto.Choice("loss", "triton", why="not measured: outside the compiled blocks; saves memory")
     return choices, errors
+
+
+def record_choices(choices: dict[str, Choice]) -> dict[str, dict]:
+    """The choices as the job's metrics row keeps them (empty without kernels)."""
+    return _auto().as_record(choices) if choices else {}
 
 
 def describe_choices(backend: str, choices: dict[str, Choice], errors: dict[str, str]) -> str:

@@ -1,0 +1,142 @@
+"""The host's processes of a distributed job, started as torchrun starts them with a static rendezvous, without
+importing torch.
+
+torchrun's agent (`torch.distributed.run`, which the driver ran in its own process) imports torch before it
+starts anything: 1.3-1.7 s of CPU on every host of every job, for an agent whose work here is fixed (a static
+rendezvous: `--nnodes N --node-rank R --master-addr A --master-port P --max-restarts 0`). `run_processes` does
+that work itself. Each process gets torchrun's variables:
+
+    RANK            R * nproc + LOCAL_RANK          LOCAL_RANK, LOCAL_WORLD_SIZE   0..nproc-1, nproc
+    WORLD_SIZE      N * nproc                       GROUP_RANK, GROUP_WORLD_SIZE   R, N
+    ROLE_NAME       default                         ROLE_RANK, ROLE_WORLD_SIZE     RANK, WORLD_SIZE
+    MASTER_ADDR     A                               MASTER_PORT                    P
+    TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT (0), TORCHELASTIC_MAX_RESTARTS (0),
+    TORCH_NCCL_ASYNC_ERROR_HANDLING (1 unless set), OMP_NUM_THREADS (1 with several processes, unless set)
+
+One difference: no agent serves the rendezvous store, so `TORCHELASTIC_USE_AGENT_STORE` is `False` and global
+rank 0 serves it at MASTER_PORT, as `init_process_group("env://")` does without torchrun (a script's own
+`tcp://` store then works as written, too).
+
+Around the processes, as torchrun's: each one's output goes to `<log_dir>/<run id>/attempt_0/<local
+rank>/{stdout,stderr}.log` (where the first-step watch and the failure report read a rank's files) and onto
+the driver's stdout and stderr after `[algo-2/3] `; each runs in a session of its own; every `MONITOR_S` the
+processes are polled, and once one has failed the others get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and the
+launch returns 1 with the failures seen by then (`root_cause` picks the cause). SIGTERM, SIGINT, SIGHUP and
+SIGQUIT sent to the driver go on to every process (SIGKILL after `STOP_GRACE_S`), and the launch returns 128+N.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+from trainyard.container.failure import RankFailure, from_rank_logs, root_cause
+from trainyard.container.plainrun import TEE_DRAIN_S, tee
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+MONITOR_S = 0.2  # how often the processes are polled (torchrun's --monitor-interval here): a failure is seen by then
+STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for the processes left when one failed or the driver was stopped (torchrun's)
+
+
+def worker_env(*, local_rank: int, nproc: int, node_rank: int, nnodes: int, master_addr: str, master_port: int,
+               run_id: str, environ=None) -> dict[str, str]:
+    """The environment of one process: the driver's, with torchrun's variables for `local_rank`."""
+    environ = os.environ if environ is None else environ
+    rank, world = node_rank * nproc + local_rank, nnodes * nproc
+    env = dict(environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nproc), WORLD_SIZE=str(world),
+               GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes), ROLE_NAME="default", ROLE_RANK=str(rank),
+               ROLE_WORLD_SIZE=str(world), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+               TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
+               TORCHELASTIC_USE_AGENT_STORE="False",
+               TORCH_NCCL_ASYNC_ERROR_HANDLING=environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+    if nproc > 1 and "OMP_NUM_THREADS" not in environ:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun: several processes' thread pools would fight for the cores
+    return env
+
+
+class _Process:
+    def __init__(self, cmd: list[str], cwd: str, env: dict, folder: str, prefix: str):
+        os.makedirs(folder, exist_ok=True)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.stderr = os.path.join(folder, "stderr.log")
+        self.ended: float | None = None
+        self.tees = [threading.Thread(target=tee, args=(stream, os.path.join(folder, name), out, prefix), daemon=True)
+                     for stream, name, out in ((self.proc.stdout, "stdout.log", sys.stdout),
+                                               (self.proc.stderr, "stderr.log", sys.stderr))]
+        for t in self.tees:
+            t.start()
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.time()
+        return code
+
+    def signal(self, signum: int) -> None:
+        try:
+            os.killpg(self.proc.pid, signum)  # its session's whole group: what it started goes too
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop(processes: list[_Process], signum: int, grace: float) -> None:
+    """`signum` to every process still running, SIGKILL to those still running `grace` seconds later."""
+    running = [p for p in processes if p.poll() is None]
+    for p in running:
+        p.signal(signum)
+    deadline = time.monotonic() + grace
+    while running and time.monotonic() < deadline:
+        time.sleep(0.05)
+        running = [p for p in running if p.poll() is None]
+    for p in running:
+        p.signal(signal.SIGKILL)
+    for p in processes:
+        p.proc.wait()
+        p.poll()
+
+
+def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes: int, nproc: int,
+                  master_addr: str, master_port: int, log_dir: str, run_id: str | None = None,
+                  grace: float = STOP_GRACE_S) -> tuple[int, RankFailure | None]:
+    """Run `cmd` as this host's `nproc` processes; returns (exit status, the root-cause failure or None), as the
+    driver's torchrun launch did."""
+    run_id = run_id or uuid.uuid4().hex[:12]
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in FORWARDED}
+    processes: list[_Process] = []
+    try:
+        for local in range(nproc):
+            env = worker_env(local_rank=local, nproc=nproc, node_rank=node_rank, nnodes=nnodes,
+                             master_addr=master_addr, master_port=master_port, run_id=run_id)
+            processes.append(_Process(cmd, cwd, env, os.path.join(log_dir, run_id, "attempt_0", str(local)),
+                                      f"[{host}/{env['RANK']}] "))
+        while not received:
+            codes = [p.poll() for p in processes]
+            if any(c not in (None, 0) for c in codes):
+                failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+                _stop(processes, signal.SIGTERM, grace)
+                for i, _ in failed:  # their last lines into their files before the report reads them
+                    for t in processes[i].tees:
+                        t.join(TEE_DRAIN_S)
+                return 1, root_cause([from_rank_logs(host=host, rank=node_rank * nproc + i, local_rank=i, exitcode=c,
+                                                     when=processes[i].ended or time.time(),
+                                                     stderr=processes[i].stderr) for i, c in failed])
+            if all(c == 0 for c in codes):
+                return 0, None
+            time.sleep(MONITOR_S)
+        _stop(processes, received[0], grace)
+        return 128 + received[0], None
+    finally:
+        if processes:
+            _stop(processes, signal.SIGKILL, 0.0)  # never leaves one behind (an exception above, a second signal)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for p in processes:  # a process left behind by one may hold the pipes: its output then stops here
+            for t in p.tees:
+                t.join(TEE_DRAIN_S)

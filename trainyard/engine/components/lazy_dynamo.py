@@ -1,0 +1,211 @@
+"""torch._dynamo imported when something may compile, not when an optimizer, FSDP2 or DTensor runs eagerly.
+
+Torch's eager paths reach into `torch._dynamo` only to turn it off or to read its config:
+- functions decorated with `torch._disable_dynamo` (the optimizers' `add_param_group`, `state_dict`,
+  `zero_grad` and functional steps, activation checkpointing, DCP) import it at their first call, only to wrap
+  themselves in `torch._dynamo.disable`;
+- every optimizer `step` runs `import torch._dynamo; torch._dynamo.graph_break()`;
+- every FSDP2 hook calls `torch._dynamo.disable(hook)(...)`;
+- `init_process_group` clears `torch._dynamo.trace_rules`' caches where the module is loaded;
+- DTensor's sharding propagation makes a `FakeTensorMode`, which imports `torch._dynamo.config`;
+- DCP's `get_state_dict` asks of every module whether it is a `torch._dynamo.eval_frame.OptimizedModule`.
+Importing the package is 0.9 s of CPU and about 900 modules in every training process, whether or not it ever
+compiles (the slow tests start a few hundred such processes on 2 cores). Yet `disable(fn)(...)` is `fn(...)`
+and `graph_break()` does nothing while no frame is being compiled, there is nothing to clear before anything
+was traced, and nothing can be compiled before the package itself is imported.
+
+`defer()` puts a stand-in module at `torch._dynamo` that answers exactly those calls as the real package does
+outside compilation; `torch._dynamo.config` is the real config module, imported alone (8 ms). It also fills the
+`torch._disable_dynamo` wrappers' cache (their `__dynamo_disable`) with the plain function. Anything else asked
+of `torch._dynamo` (`torch.compile`, another submodule, any other name, a user's own use) first imports the real
+package and takes the stand-in and every filled cache back, so from then on torch's own path runs unchanged,
+before anything can compile. `TRAINYARD_EAGER_DYNAMO=1` leaves torch alone.
+
+Relies on `torch._compile._disable_dynamo` caching on `fn.__dynamo_disable` (torch 2.13; named in
+tests/engine/test_private_torch.py); on a torch whose wrapper looks otherwise, `defer()` changes nothing.
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
+NAME = "torch._dynamo"
+ALONE = (NAME + ".config",)  # submodules imported without the package: they import nothing else of it
+_ATTR = "__dynamo_disable"
+_deferred: list = []   # the functions whose `torch._disable_dynamo` cache this module filled
+_state: dict = {}      # "decorator" (torch's own) while deferred; "finder" once installed
+
+
+def _real():
+    """The real package where it is loaded, else None."""
+    module = sys.modules.get(NAME)
+    return None if module is None or isinstance(module, _StandIn) else module
+
+
+class _TraceRules:
+    """`torch._dynamo.trace_rules` as `init_process_group` asks it: nothing was traced, so nothing to clear."""
+
+    def clear_lru_cache(self) -> None:
+        real = _real()
+        if real is not None:
+            real.trace_rules.clear_lru_cache()
+
+
+class _CompiledCheck(type):
+    """isinstance/issubclass against `torch._dynamo.eval_frame.OptimizedModule` (DCP's state_dict asks it of
+    every module): nothing is a compiled module before the real package is loaded, and the real class answers
+    after (for a reference to this one kept from before)."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        real = _real()
+        return real is not None and isinstance(obj, real.eval_frame.OptimizedModule)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        real = _real()
+        return real is not None and issubclass(sub, real.eval_frame.OptimizedModule)
+
+
+class _EvalFrame:
+    """`torch._dynamo.eval_frame` for that check; any other name of it loads the real package."""
+
+    OptimizedModule = _CompiledCheck("OptimizedModule", (), {})
+
+    def __getattr__(self, name: str):
+        return getattr(_load().eval_frame, name)
+
+
+class _StandIn(types.ModuleType):
+    """`torch._dynamo` until something needs the real package: `graph_break()`, `disable(fn)`,
+    `trace_rules.clear_lru_cache()` and `eval_frame.OptimizedModule` as outside compilation, `config` the real
+    module; any other name loads the real package and is read from it."""
+
+    trace_rules = _TraceRules()
+    eval_frame = _EvalFrame()
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)  # copy, pickle and inspect probe dunders: no reason to load the package
+        if f"{NAME}.{name}" in ALONE:
+            return importlib.import_module(f"{NAME}.{name}")
+        return getattr(_load(), name)
+
+    def graph_break(self, msg: str = "") -> None:
+        real = _real()
+        if real is not None:  # a reference to the stand-in kept after the real package was loaded
+            real.graph_break(msg)
+
+    def disable(self, fn=None, recursive=True, **kwargs):
+        if _real() is None and fn is not None and callable(fn):
+            return fn
+        return _load().disable(fn, recursive, **kwargs)
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import torch._dynamo.<child>` while the stand-in stands: the real package first (but for ALONE), and the
+    child as that import left it, instead of executing it a second time under the stand-in."""
+
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith(NAME + ".") or name in ALONE or _real() is not None or NAME not in sys.modules:
+            return None
+        _load()
+        if name not in sys.modules:
+            importlib.import_module(name)
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec):
+        return sys.modules[spec.name]
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def _load() -> types.ModuleType:
+    """The real `torch._dynamo`, imported now if need be, with torch's own path restored first."""
+    real = _real()
+    if real is not None:
+        return real
+    _restore()
+    return importlib.import_module(NAME)
+
+
+def _restore() -> None:
+    import torch
+    import torch._compile
+
+    standin = sys.modules.get(NAME)
+    if isinstance(standin, _StandIn):
+        del sys.modules[NAME]
+        if torch.__dict__.get("_dynamo") is standin:
+            del torch._dynamo
+    decorator = _state.pop("decorator", None)
+    if decorator is not None:
+        torch._compile._disable_dynamo = decorator
+        torch._disable_dynamo = decorator
+    for fn in _deferred:
+        if getattr(fn, _ATTR, None) is fn:
+            delattr(fn, _ATTR)
+    _deferred.clear()
+
+
+def _inner_code(decorator) -> types.CodeType | None:
+    """The code of the wrapper `torch._disable_dynamo(fn)` returns (a constant of the decorator's code)."""
+    for const in decorator.__code__.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == "inner" and "fn" in const.co_freevars:
+            return const
+    return None
+
+
+def _defer_one(fn) -> None:
+    if getattr(fn, _ATTR, None) is None:
+        setattr(fn, _ATTR, fn)
+        _deferred.append(fn)
+
+
+def deferred() -> bool:
+    """Whether `torch._dynamo` is the stand-in now."""
+    return isinstance(sys.modules.get(NAME), _StandIn)
+
+
+def defer() -> int:
+    """Put the stand-in in place; returns how many `torch._disable_dynamo` functions it covers (0 and nothing
+    changed when the real package is imported already, with `TRAINYARD_EAGER_DYNAMO=1`, or on a torch whose
+    wrapper this does not know)."""
+    if NAME in sys.modules or os.environ.get("TRAINYARD_EAGER_DYNAMO") == "1":
+        return 0
+    import torch
+    import torch._compile
+
+    decorator = torch._compile._disable_dynamo
+    code = _inner_code(decorator)
+    spec = importlib.util.find_spec(NAME)
+    if code is None or getattr(torch, "_disable_dynamo", None) is not decorator or spec is None:
+        return 0
+    for obj in gc.get_objects():
+        # type(), not isinstance(): some of torch's module-level objects warn when their __class__ is read
+        if type(obj) is types.FunctionType and obj.__code__ is code:
+            _defer_one(obj.__closure__[code.co_freevars.index("fn")].cell_contents)
+
+    def deferring(fn=None, recursive=True):
+        out = decorator(fn, recursive)
+        if fn is not None and deferred():
+            _defer_one(fn)
+        return out
+
+    standin = _StandIn(NAME, __doc__)
+    standin.__path__ = list(spec.submodule_search_locations)  # where its ALONE submodules are found
+    standin.__spec__ = spec
+    if "finder" not in _state:
+        _state["finder"] = _Finder()
+        sys.meta_path.insert(0, _state["finder"])
+    _state["decorator"] = decorator
+    sys.modules[NAME] = standin
+    torch._dynamo = standin
+    torch._compile._disable_dynamo = deferring
+    torch._disable_dynamo = deferring
+    return len(_deferred)
