@@ -566,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             code, failure, reason = train(run, log_dir)
     except Exception as e:  # the driver itself failed: the job fails with that reason
         code, reason = 1, f"{run.host} driver: {type(e).__name__}: {e}"
+    lifeline.yield_if_lost()  # the supervisor is gone: its thread ends this driver and says why
     lost = stop_syncs(syncs, run.status)  # the last sync runs whatever the outcome
     leases.stop()
     return finish(run, code, failure, reason, lost)

@@ -74,6 +74,16 @@ class Lifeline:
         return (self.read_fd,)
 
 
+LOST = threading.Event()  # set once the lifeline broke, before `on_lost` runs
+
+
+def yield_if_lost(timeout: float = 30.0) -> None:
+    """In the driver's main thread, at its end: when the lifeline broke, leave the ending to `on_lost` (which
+    stops the ranks, says why and exits), instead of racing it with the ending of a launch its kills cut short."""
+    if LOST.is_set():
+        time.sleep(timeout)
+
+
 def watch(on_lost: Callable[[], None], environ=os.environ) -> bool:
     """Start the driver's side, when it was handed a lifeline: `on_lost()` runs in a daemon thread once the
     supervisor is gone. Returns whether there is a lifeline to watch."""
@@ -89,6 +99,7 @@ def watch(on_lost: Callable[[], None], environ=os.environ) -> bool:
                 pass  # nobody writes: a read returns only at the end
         except OSError:
             pass
+        LOST.set()
         on_lost()
 
     threading.Thread(target=wait, name="lifeline", daemon=True).start()
