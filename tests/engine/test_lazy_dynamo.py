@@ -68,8 +68,13 @@ import torch
 from trainyard.engine.components import lazy_dynamo
 lazy_dynamo.defer()
 import torch._dynamo.utils as utils  # any other submodule: the real package first, the submodule executed once
+import torch._dynamo.convert_frame as convert_frame
+counted_here = convert_frame.counters is utils.counters  # executed twice, they would be two counters
+torch._dynamo.reset(); utils.counters.clear()
+torch.compile(lambda x: torch.sin(x) + 1, backend="eager")(torch.ones(3))
 print(json.dumps({"deferred": lazy_dynamo.deferred(), "same": sys.modules["torch._dynamo.utils"] is utils
-                  and torch._dynamo.utils is utils, "real": type(sys.modules["torch._dynamo"]).__name__}))
+                  and torch._dynamo.utils is utils and counted_here, "real": type(sys.modules["torch._dynamo"]).__name__,
+                  "spec": type(utils.__spec__.loader).__name__, "graphs": utils.counters["stats"]["unique_graphs"]}))
 """
 
 
@@ -100,4 +105,4 @@ def test_the_first_compile_gets_torchs_own_path_back():
 
 def test_importing_another_submodule_loads_the_package_once():
     r = _run(SUBMODULE)
-    assert r == {"deferred": False, "same": True, "real": "module"}
+    assert r == {"deferred": False, "same": True, "real": "module", "spec": "SourceFileLoader", "graphs": 1}

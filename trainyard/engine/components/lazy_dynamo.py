@@ -108,7 +108,10 @@ class _StandIn(types.ModuleType):
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """`import torch._dynamo.<child>` while the stand-in stands: the real package first (but for ALONE), and the
-    child as that import left it, instead of executing it a second time under the stand-in."""
+    child as that import left it. The import system asks finders after its own look in sys.modules, and a module
+    that appears there meanwhile it would execute again from its `__spec__` (a second `torch._dynamo.utils`, whose
+    `counters` nobody counts in): so the child is taken out of sys.modules and handed over as it is, its own
+    `__spec__` put back once the import system has set this one's."""
 
     def find_spec(self, name, path=None, target=None):
         if not name.startswith(NAME + ".") or name in ALONE or _real() is not None or NAME not in sys.modules:
@@ -116,13 +119,14 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         _load()
         if name not in sys.modules:
             importlib.import_module(name)
-        return importlib.machinery.ModuleSpec(name, self)
+        module = sys.modules.pop(name)
+        return importlib.machinery.ModuleSpec(name, self, loader_state=(module, module.__spec__))
 
     def create_module(self, spec):
-        return sys.modules[spec.name]
+        return spec.loader_state[0]
 
     def exec_module(self, module) -> None:
-        pass
+        module.__spec__ = module.__spec__.loader_state[1]
 
 
 def _load() -> types.ModuleType:
