@@ -66,7 +66,8 @@ def test_the_processes_run_with_their_files_and_prefixed_lines(tmp_path, capfd):
         line = (f"RANK={rank} LOCAL_RANK={local} WORLD_SIZE=6 LOCAL_WORLD_SIZE=3 GROUP_RANK=1 MASTER_ADDR=127.0.0.1 "
                 f"MASTER_PORT=29511 TORCHELASTIC_USE_AGENT_STORE=False OMP_NUM_THREADS=")
         assert f"[algo-2/{rank}] {line}" in out, out
-        assert (tmp_path / "logs" / "r1" / "attempt_0" / str(local) / "stdout.log").read_text().startswith(line)
+        folder, = (tmp_path / "logs").glob(f"r1_*/attempt_0/{local}")  # torchrun's layout: <run id>_<random>
+        assert (folder / "stdout.log").read_text().startswith(line)
 
 
 def test_the_first_failure_ends_the_others_and_is_reported(tmp_path):

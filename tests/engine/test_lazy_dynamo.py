@@ -78,6 +78,31 @@ print(json.dumps({"deferred": lazy_dynamo.deferred(), "same": sys.modules["torch
 """
 
 
+# what a user's module does while deferred: a disable decorator, another name, a bare find_spec; then a compile
+USERS_OWN = """
+import importlib.util, json, sys
+import torch
+from trainyard.engine.components import lazy_dynamo
+lazy_dynamo.defer()
+
+@torch.compiler.disable
+def kept_out(x):
+    return x.sin()
+
+importlib.util.find_spec("torch._dynamo.utils")  # no import follows
+import torch._dynamo.utils as utils, torch._dynamo.convert_frame as convert_frame
+lookup = callable(torch._dynamo.trace_rules.lookup)  # from here, the real module's
+seen = []
+
+def backend(gm, example_inputs):
+    seen.append(sorted(str(n.target) for n in gm.graph.nodes if n.op == "call_function"))
+    return gm
+
+torch.compile(lambda x: kept_out(x) + 1, backend=backend)(torch.ones(3))
+print(json.dumps({"graphs": seen, "lookup": lookup, "once": convert_frame.counters is utils.counters}))
+"""
+
+
 def _run(code: str, **env) -> dict:
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
                          timeout=120, env={**os.environ, **env})
@@ -106,3 +131,13 @@ def test_the_first_compile_gets_torchs_own_path_back():
 def test_importing_another_submodule_loads_the_package_once():
     r = _run(SUBMODULE)
     assert r == {"deferred": False, "same": True, "real": "module", "spec": "SourceFileLoader", "graphs": 1}
+
+
+def test_what_a_user_asks_of_dynamo_while_deferred_is_the_real_package():
+    """A `@torch.compiler.disable` made while deferred is still one for a later compile (the stand-in answers
+    `disable` only for torch's own call sites), other names are the real ones, and a bare find_spec executes
+    nothing twice: the same as with dynamo imported."""
+    r = _run(USERS_OWN)
+    assert r == _run(USERS_OWN, TRAINYARD_EAGER_DYNAMO="1"), r
+    assert r["graphs"] and all("sin" not in " ".join(g) for g in r["graphs"]), r  # kept out of the graph
+    assert r["lookup"] and r["once"], r

@@ -487,8 +487,8 @@ def health_check(run: HostRun, log_dir: str) -> str:
 
 
 def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
-    """The job's entry point under torchrun, or as one plain process (`JobSpec.launcher`): (exit code, the
-    failed rank, FailureReason)."""
+    """The job's entry point on the host's processes (launcher.py), or as one plain process (`JobSpec.launcher`):
+    (exit code, the failed rank, FailureReason)."""
     spec = run.spec
     port, args = run.job["master_port"], user_args(spec.hyperparameters)
     if spec.launcher == "python":
@@ -496,7 +496,8 @@ def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
                                    run.code_dir, host=run.host, rank=run.index, log_dir=log_dir,
                                    master_addr=run.master_addr, master_port=port)
     else:
-        launch = functools.partial(run_processes, build_plain_command(spec.entry_point, spec.entry_kind, args),
+        cmd = build_plain_command(spec.entry_point, spec.entry_kind, args)
+        launch = functools.partial(run_processes, [cmd[0], "-u", *cmd[1:]],  # unbuffered, as torchrun runs them
                                    run.code_dir, host=run.host, node_rank=run.index, nnodes=spec.instance_count,
                                    nproc=spec.processes_per_host, master_addr=run.master_addr, master_port=port,
                                    log_dir=log_dir)

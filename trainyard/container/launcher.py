@@ -10,22 +10,25 @@ that work itself. Each process gets torchrun's variables:
     WORLD_SIZE      N * nproc                       GROUP_RANK, GROUP_WORLD_SIZE   R, N
     ROLE_NAME       default                         ROLE_RANK, ROLE_WORLD_SIZE     RANK, WORLD_SIZE
     MASTER_ADDR     A                               MASTER_PORT                    P
-    TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT (0), TORCHELASTIC_MAX_RESTARTS (0),
+    TORCHELASTIC_RUN_ID (none), TORCHELASTIC_RESTART_COUNT (0), TORCHELASTIC_MAX_RESTARTS (0),
+    TORCHELASTIC_ERROR_FILE (where torchrun's `@record` writes a rank's error: it is read into the report),
     TORCH_NCCL_ASYNC_ERROR_HANDLING (1 unless set), OMP_NUM_THREADS (1 with several processes, unless set)
 
 One difference: no agent serves the rendezvous store, so `TORCHELASTIC_USE_AGENT_STORE` is `False` and global
-rank 0 serves it at MASTER_PORT, as `init_process_group("env://")` does without torchrun (a script's own
-`tcp://` store then works as written, too).
+rank 0 serves it at MASTER_PORT, as `init_process_group("env://")` does without torchrun (srun, mp.spawn); a
+script's own `tcp://` store then works as written, too. The store ends with rank 0: a rank that uses it after rank
+0 has exited (a late `store.add`) fails, where torchrun's agent kept it until every host was done.
 
-Around the processes, as torchrun's: each one's output goes to `<log_dir>/<run id>/attempt_0/<local
-rank>/{stdout,stderr}.log` (where the first-step watch and the failure report read a rank's files) and onto
-the driver's stdout and stderr after `[algo-2/3] `; each runs in a session of its own; every `MONITOR_S` the
+Around the processes, as torchrun's: each one writes its output to `<log_dir>/none_<random>/attempt_0/<local
+rank>/{stdout,stderr}.log` (where the first-step watch and the failure report read a rank's files), which are
+followed onto the driver's stdout and stderr after `[algo-2/3] ` (a slow reader of the driver never blocks a rank); each runs in a session of its own; every `MONITOR_S` the
 processes are polled, and once one has failed the others get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and the
 launch returns 1 with the failures seen by then (`root_cause` picks the cause). SIGTERM, SIGINT, SIGHUP and
 SIGQUIT sent to the driver go on to every process (SIGKILL after `STOP_GRACE_S`), and the launch returns 128+N.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,13 +36,17 @@ import sys
 import threading
 import time
 import uuid
+from typing import TextIO
 
 from trainyard.container.failure import RankFailure, from_rank_logs, root_cause
-from trainyard.container.plainrun import TEE_DRAIN_S, tee
+from trainyard.container.plainrun import TEE_DRAIN_S
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 MONITOR_S = 0.2  # how often the processes are polled (torchrun's --monitor-interval here): a failure is seen by then
 STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for the processes left when one failed or the driver was stopped (torchrun's)
+FOLLOW_S = 0.05  # how often a rank's output files are read for new lines
+REAP_S = 10.0  # after SIGKILL, how long a process stuck in the kernel (a hung device) is waited for
+RUN_ID = "none"  # TORCHELASTIC_RUN_ID: torchrun's default rendezvous id, the same on every host
 
 
 def worker_env(*, local_rank: int, nproc: int, node_rank: int, nnodes: int, master_addr: str, master_port: int,
@@ -59,23 +66,65 @@ def worker_env(*, local_rank: int, nproc: int, node_rank: int, nnodes: int, mast
     return env
 
 
+def follow(path: str, out: TextIO, prefix: str, done: threading.Event) -> None:
+    """Each line written to the file at `path` onto `out` after `prefix`, until `done` is set and the file read to
+    its end (a last line without its newline included). The rank writes to the file, as under torchrun: a slow
+    reader of the driver's output never blocks it."""
+    while not os.path.exists(path) and not done.is_set():
+        time.sleep(FOLLOW_S)
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return
+    with fh:
+        pending = b""
+        while True:
+            ended = done.is_set()  # read once more after the end: what was written before it
+            chunk = fh.read()
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                _write(out, prefix, lines)
+            elif ended:
+                break
+            else:
+                time.sleep(FOLLOW_S)
+        if pending:
+            _write(out, prefix, [pending])
+
+
+def _write(out: TextIO, prefix: str, lines: list[bytes]) -> None:
+    # a progress bar redraws with carriage returns: each redraw is a line of its own, prefixed
+    text = "".join(f"{prefix}{p}\n" for line in lines
+                   for p in ([q for q in line.decode(errors="replace").split("\r") if q.strip()] or [""]))
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):  # nobody reads the driver any more: the file keeps the line
+        pass
+
+
 class _Process:
     def __init__(self, cmd: list[str], cwd: str, env: dict, folder: str, prefix: str):
         os.makedirs(folder, exist_ok=True)
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
         self.stderr = os.path.join(folder, "stderr.log")
+        self.error_file = env["TORCHELASTIC_ERROR_FILE"] = os.path.join(folder, "error.json")
+        self.done = threading.Event()
+        with open(os.path.join(folder, "stdout.log"), "wb") as stdout, open(self.stderr, "wb") as stderr:
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                         stderr=stderr, start_new_session=True)
         self.ended: float | None = None
-        self.tees = [threading.Thread(target=tee, args=(stream, os.path.join(folder, name), out, prefix), daemon=True)
-                     for stream, name, out in ((self.proc.stdout, "stdout.log", sys.stdout),
-                                               (self.proc.stderr, "stderr.log", sys.stderr))]
-        for t in self.tees:
+        self.tails = [threading.Thread(target=follow, args=(os.path.join(folder, name), out, prefix, self.done),
+                                       daemon=True)
+                      for name, out in (("stdout.log", sys.stdout), ("stderr.log", sys.stderr))]
+        for t in self.tails:
             t.start()
 
     def poll(self) -> int | None:
         code = self.proc.poll()
         if code is not None and self.ended is None:
             self.ended = time.time()
+            self.done.set()
         return code
 
     def signal(self, signum: int) -> None:
@@ -83,6 +132,24 @@ class _Process:
             os.killpg(self.proc.pid, signum)  # its session's whole group: what it started goes too
         except (ProcessLookupError, PermissionError):
             pass
+
+    def message(self) -> str:
+        """What torchrun's `@record` wrote into its error file, if the rank used it."""
+        try:
+            with open(self.error_file) as fh:
+                found = json.load(fh).get("message", "")
+        except (OSError, ValueError, AttributeError):
+            return ""
+        return str(found.get("message", "")) if isinstance(found, dict) else str(found)
+
+
+def _drain(processes: list[_Process]) -> None:
+    """Their output read to the end into the driver's (at most TEE_DRAIN_S in all)."""
+    deadline = time.monotonic() + TEE_DRAIN_S
+    for p in processes:
+        p.done.set()
+        for t in p.tails:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _stop(processes: list[_Process], signum: int, grace: float) -> None:
@@ -97,16 +164,21 @@ def _stop(processes: list[_Process], signum: int, grace: float) -> None:
     for p in running:
         p.signal(signal.SIGKILL)
     for p in processes:
-        p.proc.wait()
+        try:
+            p.proc.wait(REAP_S)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (a hung device): the launch goes on without it
+            pass
         p.poll()
 
 
 def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes: int, nproc: int,
-                  master_addr: str, master_port: int, log_dir: str, run_id: str | None = None,
+                  master_addr: str, master_port: int, log_dir: str, run_id: str = RUN_ID,
                   grace: float = STOP_GRACE_S) -> tuple[int, RankFailure | None]:
     """Run `cmd` as this host's `nproc` processes; returns (exit status, the root-cause failure or None), as the
     driver's torchrun launch did."""
-    run_id = run_id or uuid.uuid4().hex[:12]
+    folder = f"{run_id}_{uuid.uuid4().hex[:8]}"  # torchrun's layout: <log_dir>/<run id>_<random>/...
+    if os.environ.get("PYTHON_EXEC") and cmd[0] == sys.executable:  # torchrun's way to name the interpreter
+        cmd = [os.environ["PYTHON_EXEC"], *cmd[1:]]
     received: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in FORWARDED}
     processes: list[_Process] = []
@@ -114,19 +186,17 @@ def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes
         for local in range(nproc):
             env = worker_env(local_rank=local, nproc=nproc, node_rank=node_rank, nnodes=nnodes,
                              master_addr=master_addr, master_port=master_port, run_id=run_id)
-            processes.append(_Process(cmd, cwd, env, os.path.join(log_dir, run_id, "attempt_0", str(local)),
+            processes.append(_Process(cmd, cwd, env, os.path.join(log_dir, folder, "attempt_0", str(local)),
                                       f"[{host}/{env['RANK']}] "))
         while not received:
             codes = [p.poll() for p in processes]
             if any(c not in (None, 0) for c in codes):
                 failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
                 _stop(processes, signal.SIGTERM, grace)
-                for i, _ in failed:  # their last lines into their files before the report reads them
-                    for t in processes[i].tees:
-                        t.join(TEE_DRAIN_S)
                 return 1, root_cause([from_rank_logs(host=host, rank=node_rank * nproc + i, local_rank=i, exitcode=c,
                                                      when=processes[i].ended or time.time(),
-                                                     stderr=processes[i].stderr) for i, c in failed])
+                                                     stderr=processes[i].stderr, message=processes[i].message())
+                                      for i, c in failed])
             if all(c == 0 for c in codes):
                 return 0, None
             time.sleep(MONITOR_S)
@@ -137,6 +207,4 @@ def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes
             _stop(processes, signal.SIGKILL, 0.0)  # never leaves one behind (an exception above, a second signal)
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for p in processes:  # a process left behind by one may hold the pipes: its output then stops here
-            for t in p.tees:
-                t.join(TEE_DRAIN_S)
+        _drain(processes)

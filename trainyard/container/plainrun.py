@@ -32,7 +32,7 @@ def build_plain_command(entry_point: str, entry_kind: str, args: list[str], pyth
     return [python, *(["-m"] if entry_kind == "module" else []), entry_point, *args]
 
 
-def tee(source: BinaryIO, path: str, out: TextIO, prefix: str) -> None:
+def _tee(source: BinaryIO, path: str, out: TextIO, prefix: str) -> None:
     """Each line of `source` into the file at `path` as written, and onto `out` after `prefix`, until EOF."""
     with open(path, "ab", buffering=0) as fh:
         for line in iter(source.readline, b""):
@@ -67,7 +67,7 @@ def run_plain(cmd: list[str], cwd: str, *, host: str, rank: int, log_dir: str, m
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     prefix = f"[{host}/{rank}] "
-    tees = [threading.Thread(target=tee, args=(stream, os.path.join(folder, name), out, prefix), daemon=True)
+    tees = [threading.Thread(target=_tee, args=(stream, os.path.join(folder, name), out, prefix), daemon=True)
             for stream, name, out in ((proc.stdout, "stdout.log", sys.stdout), (proc.stderr, "stderr.log", sys.stderr))]
     for t in tees:
         t.start()

@@ -5,7 +5,8 @@ Torch's eager paths reach into `torch._dynamo` only to turn it off or to read it
   `zero_grad` and functional steps, activation checkpointing, DCP) import it at their first call, only to wrap
   themselves in `torch._dynamo.disable`;
 - every optimizer `step` runs `import torch._dynamo; torch._dynamo.graph_break()`;
-- every FSDP2 hook calls `torch._dynamo.disable(hook)(...)`;
+- every FSDP2 hook calls `torch._dynamo.disable(hook)(...)`, and each activation-checkpoint recompute disables
+  the pack hook it makes for itself;
 - `init_process_group` clears `torch._dynamo.trace_rules`' caches where the module is loaded;
 - DTensor's sharding propagation makes a `FakeTensorMode`, which imports `torch._dynamo.config`;
 - DCP's `get_state_dict` asks of every module whether it is a `torch._dynamo.eval_frame.OptimizedModule`.
@@ -14,15 +15,19 @@ compiles (the slow tests start a few hundred such processes on 2 cores). Yet `di
 and `graph_break()` does nothing while no frame is being compiled, there is nothing to clear before anything
 was traced, and nothing can be compiled before the package itself is imported.
 
-`defer()` puts a stand-in module at `torch._dynamo` that answers exactly those calls as the real package does
-outside compilation; `torch._dynamo.config` is the real config module, imported alone (8 ms). It also fills the
-`torch._disable_dynamo` wrappers' cache (their `__dynamo_disable`) with the plain function. Anything else asked
-of `torch._dynamo` (`torch.compile`, another submodule, any other name, a user's own use) first imports the real
-package and takes the stand-in and every filled cache back, so from then on torch's own path runs unchanged,
-before anything can compile. `TRAINYARD_EAGER_DYNAMO=1` leaves torch alone.
+`defer()` puts a stand-in module at `torch._dynamo` that answers exactly those calls, and only from those torch
+call sites (the caller's file and function, torch 2.13's), as the real package does outside compilation;
+`torch._dynamo.config` is the real config module, imported alone (8 ms). It also fills the `torch._disable_dynamo`
+wrappers' cache (their `__dynamo_disable`) with the plain function. Anything else asked of `torch._dynamo`
+(`torch.compile`, another submodule, any other name, the same names from anywhere else: a user's
+`@torch.compiler.disable` stays a real disable for a later compile) first imports the real package and takes the
+stand-in and every filled cache back, so from then on torch's own path runs unchanged, before anything can
+compile. A thread that meets the package half imported by another waits for it. `TRAINYARD_EAGER_DYNAMO=1` leaves
+torch alone.
 
-Relies on `torch._compile._disable_dynamo` caching on `fn.__dynamo_disable` (torch 2.13; named in
-tests/engine/test_private_torch.py); on a torch whose wrapper looks otherwise, `defer()` changes nothing.
+Relies on `torch._compile._disable_dynamo` caching on `fn.__dynamo_disable` and on the call sites' names (torch
+2.13; named in tests/engine/test_private_torch.py, and tests/engine/test_lazy_dynamo.py fails if a call site moves
+and the package is imported after all); on a torch whose wrapper looks otherwise, `defer()` changes nothing.
 """
 from __future__ import annotations
 
@@ -43,56 +48,64 @@ _state: dict = {}      # "decorator" (torch's own) while deferred; "finder" once
 
 
 def _real():
-    """The real package where it is loaded, else None."""
+    """The real package where it is imported, else None; one that another thread is still importing is waited for
+    (the import system's lock), not handed out half made."""
     module = sys.modules.get(NAME)
-    return None if module is None or isinstance(module, _StandIn) else module
+    if module is None or isinstance(module, _StandIn):
+        return None
+    return importlib.import_module(NAME)
+
+
+def _called_from(*where: tuple[str, str]) -> bool:
+    """Whether the caller of the stand-in's caller is one of the torch functions (file suffix, function name) whose
+    use of the package it answers; from anywhere else the real package answers."""
+    code = sys._getframe(2).f_code
+    return any(code.co_name == name and code.co_filename.endswith(suffix) for suffix, name in where)
+
+
+# The torch call sites the stand-in answers (torch 2.13), each with what it does there:
+# every FSDP2 hook: `torch._dynamo.disable(hook)(...)`, called at once and dropped
+_FSDP_HOOK = ("torch/distributed/fsdp/_fully_shard/_fsdp_common.py", "wrapper")
+# activation checkpointing's recompute: `@torch._dynamo.disable` on the pack hook it makes for that recompute alone
+_RECOMPUTE_HOOK = ("torch/utils/checkpoint.py", "__init__")
+# a `torch._disable_dynamo` wrapper's first call: caches `disable(fn)` on fn (the cache is emptied at the load)
+_DISABLE_DYNAMO = ("torch/_compile.py", "inner")
+# init_process_group: `torch._dynamo.trace_rules.clear_lru_cache()`
+_INIT_PROCESS_GROUP = ("torch/distributed/distributed_c10d.py", "init_process_group")
+# DCP's state dict: `isinstance(module, torch._dynamo.eval_frame.OptimizedModule)`
+_STATE_DICT_FQNS = ("torch/distributed/checkpoint/state_dict.py", "_get_fqns")
 
 
 class _TraceRules:
     """`torch._dynamo.trace_rules` as `init_process_group` asks it: nothing was traced, so nothing to clear."""
 
     def clear_lru_cache(self) -> None:
-        real = _real()
-        if real is not None:
-            real.trace_rules.clear_lru_cache()
-
-
-class _CompiledCheck(type):
-    """isinstance/issubclass against `torch._dynamo.eval_frame.OptimizedModule` (DCP's state_dict asks it of
-    every module): nothing is a compiled module before the real package is loaded, and the real class answers
-    after (for a reference to this one kept from before)."""
-
-    def __instancecheck__(cls, obj) -> bool:
-        real = _real()
-        return real is not None and isinstance(obj, real.eval_frame.OptimizedModule)
-
-    def __subclasscheck__(cls, sub) -> bool:
-        real = _real()
-        return real is not None and issubclass(sub, real.eval_frame.OptimizedModule)
+        pass
 
 
 class _EvalFrame:
-    """`torch._dynamo.eval_frame` for that check; any other name of it loads the real package."""
+    """`torch._dynamo.eval_frame` as DCP's state dict asks it: no module is a compiled one before the package is
+    imported (`torch.compile` imports it first)."""
 
-    OptimizedModule = _CompiledCheck("OptimizedModule", (), {})
-
-    def __getattr__(self, name: str):
-        return getattr(_load().eval_frame, name)
+    class OptimizedModule:
+        pass
 
 
 class _StandIn(types.ModuleType):
-    """`torch._dynamo` until something needs the real package: `graph_break()`, `disable(fn)`,
-    `trace_rules.clear_lru_cache()` and `eval_frame.OptimizedModule` as outside compilation, `config` the real
-    module; any other name loads the real package and is read from it."""
-
-    trace_rules = _TraceRules()
-    eval_frame = _EvalFrame()
+    """`torch._dynamo` until something needs the real package: `graph_break()` as outside compilation anywhere;
+    `disable(fn)`, `trace_rules.clear_lru_cache()` and `eval_frame.OptimizedModule` as outside compilation for the
+    torch call sites above only; `config` the real module. Any other name, or those from anywhere else (a
+    `@torch.compiler.disable` must stay a disable for a later compile), loads the real package and is read from it."""
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
+        if name.startswith("__") and name != "__all__":
             raise AttributeError(name)  # copy, pickle and inspect probe dunders: no reason to load the package
         if f"{NAME}.{name}" in ALONE:
             return importlib.import_module(f"{NAME}.{name}")
+        if name == "trace_rules" and _called_from(_INIT_PROCESS_GROUP):
+            return _TraceRules()
+        if name == "eval_frame" and _called_from(_STATE_DICT_FQNS):
+            return _EvalFrame()
         return getattr(_load(), name)
 
     def graph_break(self, msg: str = "") -> None:
@@ -102,7 +115,11 @@ class _StandIn(types.ModuleType):
 
     def disable(self, fn=None, recursive=True, **kwargs):
         if _real() is None and fn is not None and callable(fn):
-            return fn
+            if _called_from(_FSDP_HOOK, _RECOMPUTE_HOOK):
+                return fn
+            if _called_from(_DISABLE_DYNAMO):
+                _deferred.append(fn)  # the wrapper caches the answer on fn: emptied when the package loads
+                return fn
         return _load().disable(fn, recursive, **kwargs)
 
 
@@ -111,12 +128,16 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     child as that import left it. The import system asks finders after its own look in sys.modules, and a module
     that appears there meanwhile it would execute again from its `__spec__` (a second `torch._dynamo.utils`, whose
     `counters` nobody counts in): so the child is taken out of sys.modules and handed over as it is, its own
-    `__spec__` put back once the import system has set this one's."""
+    `__spec__` put back once the import system has set this one's. A bare `importlib.util.find_spec` (no import
+    follows) gets the real package loaded and the child's own spec."""
 
     def find_spec(self, name, path=None, target=None):
-        if not name.startswith(NAME + ".") or name in ALONE or _real() is not None or NAME not in sys.modules:
+        if not name.startswith(NAME + ".") or name in ALONE or not deferred():
             return None
+        importing = sys._getframe(2).f_code.co_name == "_find_and_load_unlocked"  # (via _find_spec)
         _load()
+        if not importing:
+            return None  # the next finders find the child; the import system returns its loaded module's spec
         if name not in sys.modules:
             importlib.import_module(name)
         module = sys.modules.pop(name)
@@ -204,6 +225,7 @@ def defer() -> int:
     standin = _StandIn(NAME, __doc__)
     standin.__path__ = list(spec.submodule_search_locations)  # where its ALONE submodules are found
     standin.__spec__ = spec
+    standin.__file__ = spec.origin
     if "finder" not in _state:
         _state["finder"] = _Finder()
         sys.meta_path.insert(0, _state["finder"])
