@@ -93,3 +93,22 @@ def test_a_signal_to_the_driver_goes_on_to_every_process(tmp_path):
     assert (code, failure) == (128 + signal.SIGTERM, None)
     assert (tmp_path / "term-0").exists() and (tmp_path / "term-1").exists()
     assert signal.getsignal(signal.SIGTERM) is previous  # the driver's own handlers back
+
+
+def test_a_slow_reader_of_the_drivers_output_never_blocks_a_rank(tmp_path, monkeypatch):
+    """The ranks write to their files; the lines reach the driver's output from there. A driver whose stdout
+    nobody reads (a stalled log shipper) leaves the ranks running."""
+    script = tmp_path / "chatty.py"
+    script.write_text("import os, sys\nfor i in range(20000):\n    print(f'line {i} ' + 'x' * 40)\n"
+                      "open(sys.argv[1], 'w').close()\n")
+    read_end, write_end = os.pipe()  # 64 KB of buffer, never read: the first follow write past it blocks
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write_end, "w"))
+    t0 = time.monotonic()
+    code, _ = run_processes([sys.executable, str(script), str(tmp_path / "done")], str(tmp_path), host="algo-1",
+                            node_rank=0, nnodes=1, nproc=1, master_addr="127.0.0.1", master_port=29512,
+                            log_dir=str(tmp_path / "logs"))
+    assert code == 0 and (tmp_path / "done").exists()
+    assert time.monotonic() - t0 < 15  # the rank's 1 MB went to its file; only the driver's copy waited
+    folder, = (tmp_path / "logs").glob("none_*/attempt_0/0")
+    assert (folder / "stdout.log").read_text().count("\n") == 20000
+    os.close(read_end)
