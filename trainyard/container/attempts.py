@@ -9,7 +9,8 @@ into their requests.
 
 The numbers: attempt 1 is the first run; `max_retry_attempts` more may follow, for a failure that a retry may
 cure (container/failure.py `retry_class`: a hang, a killed process, a lost host, a collective error, a full
-disk, data corruption, a straggler left out) or an interruption (a spot reclaim, an instance gone). A user's error is never retried.
+disk, data corruption, a straggler left out) or an interruption (a spot reclaim, an instance gone). A user's
+error is never retried.
 """
 from __future__ import annotations
 

@@ -21,9 +21,10 @@ script's own `tcp://` store then works as written, too. The store ends with rank
 
 Around the processes, as torchrun's: each one writes its output to `<log_dir>/none_<random>/attempt_0/<local
 rank>/{stdout,stderr}.log` (where the first-step watch and the failure report read a rank's files), which are
-followed onto the driver's stdout and stderr after `[algo-2/3] ` (a slow reader of the driver never blocks a rank); each runs in a session of its own; every `MONITOR_S` the
-processes are polled, and once one has failed the others get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and the
-launch returns 1 with the failures seen by then (`root_cause` picks the cause). SIGTERM, SIGINT, SIGHUP and
+followed onto the driver's stdout and stderr after `[algo-2/3] ` (a slow reader of the driver never blocks a
+rank); each runs in a session of its own; every `MONITOR_S` the processes are polled, and once one has failed the
+others get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and the launch returns 1 with the failures seen by then
+(`root_cause` picks the cause). SIGTERM, SIGINT, SIGHUP and
 SIGQUIT sent to the driver go on to every process (SIGKILL after `STOP_GRACE_S`), and the launch returns 128+N.
 """
 from __future__ import annotations
