@@ -40,7 +40,7 @@ import uuid
 from typing import TextIO
 
 from trainyard.container.failure import RankFailure, from_rank_logs, root_cause
-from trainyard.container.plainrun import TEE_DRAIN_S
+from trainyard.container.plainrun import TEE_DRAIN_S, write_prefixed
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 MONITOR_S = 0.2  # how often the processes are polled (torchrun's --monitor-interval here): a failure is seen by then
@@ -85,24 +85,13 @@ def follow(path: str, out: TextIO, prefix: str, done: threading.Event) -> None:
             if chunk:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                _write(out, prefix, lines)
+                write_prefixed(out, prefix, lines)
             elif ended:
                 break
             else:
                 time.sleep(FOLLOW_S)
         if pending:
-            _write(out, prefix, [pending])
-
-
-def _write(out: TextIO, prefix: str, lines: list[bytes]) -> None:
-    # a progress bar redraws with carriage returns: each redraw is a line of its own, prefixed
-    text = "".join(f"{prefix}{p}\n" for line in lines
-                   for p in ([q for q in line.decode(errors="replace").split("\r") if q.strip()] or [""]))
-    try:
-        out.write(text)
-        out.flush()
-    except (OSError, ValueError):  # nobody reads the driver any more: the file keeps the line
-        pass
+            write_prefixed(out, prefix, [pending])
 
 
 class _Process:

@@ -32,18 +32,24 @@ def build_plain_command(entry_point: str, entry_kind: str, args: list[str], pyth
     return [python, *(["-m"] if entry_kind == "module" else []), entry_point, *args]
 
 
+def write_prefixed(out: TextIO, prefix: str, lines: list[bytes]) -> None:
+    """`lines` (a process's output, newlines stripped or not) onto `out`, each after `prefix`."""
+    # a progress bar redraws with carriage returns: each redraw is a line of its own, prefixed
+    text = "".join(f"{prefix}{p}\n" for line in lines
+                   for p in ([q for q in line.decode(errors="replace").rstrip("\n").split("\r") if q.strip()] or [""]))
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):  # nobody reads the driver any more: the file keeps the line
+        pass
+
+
 def _tee(source: BinaryIO, path: str, out: TextIO, prefix: str) -> None:
     """Each line of `source` into the file at `path` as written, and onto `out` after `prefix`, until EOF."""
     with open(path, "ab", buffering=0) as fh:
         for line in iter(source.readline, b""):
             fh.write(line)
-            # a progress bar redraws with carriage returns: each redraw is a line of its own, prefixed
-            parts = [p for p in line.decode(errors="replace").rstrip("\n").split("\r") if p.strip()] or [""]
-            try:
-                out.write("".join(f"{prefix}{p}\n" for p in parts))
-                out.flush()
-            except (OSError, ValueError):  # nobody reads the driver any more: the file keeps the line
-                pass
+            write_prefixed(out, prefix, [line])
 
 
 def run_plain(cmd: list[str], cwd: str, *, host: str, rank: int, log_dir: str, master_addr: str,
