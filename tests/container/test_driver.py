@@ -1,38 +1,9 @@
-"""The driver's pure parts: the torchrun command, failure reasons, root-cause choice."""
+"""The driver's pure parts: failure reasons, root-cause choice."""
 import json
 import os
 
-from trainyard.container.driver import build_torchrun_command, write_failure
+from trainyard.container.driver import write_failure
 from trainyard.container.failure import FAILURE_REASON_LIMIT, RankFailure, root_cause
-
-
-def test_torchrun_command_for_a_script():
-    cmd = build_torchrun_command(nnodes=3, node_rank=1, nproc_per_node=8, master_addr="algo-1", master_port=7777,
-                                 entry_point="train.py", entry_kind="script", args=["--epochs", "3"],
-                                 log_dir="/tmp/l", python="/usr/bin/python3")
-    assert cmd[:3] == ["/usr/bin/python3", "-m", "torch.distributed.run"]
-    opts = dict(zip(cmd[3::2], cmd[4::2]))
-    assert opts["--nnodes"] == "3" and opts["--node-rank"] == "1" and opts["--nproc-per-node"] == "8"
-    assert opts["--master-addr"] == "algo-1" and opts["--master-port"] == "7777"
-    assert "--module" not in cmd
-    assert cmd[-3:] == ["train.py", "--epochs", "3"]
-
-
-def test_torchrun_command_for_a_module():
-    cmd = build_torchrun_command(nnodes=1, node_rank=0, nproc_per_node=2, master_addr="127.0.0.1", master_port=1,
-                                 entry_point="trainyard.engine.train", entry_kind="module", args=[], log_dir="/l")
-    assert cmd[-2:] == ["--module", "trainyard.engine.train"]
-
-
-def test_torchrun_command_is_accepted_by_torchrun():
-    from torch.distributed.run import parse_args
-
-    cmd = build_torchrun_command(nnodes=2, node_rank=1, nproc_per_node=4, master_addr="10.0.0.1", master_port=29500,
-                                 entry_point="trainyard.engine.train", entry_kind="module",
-                                 args=["--steps", "5"], log_dir="/tmp/x")
-    a = parse_args(cmd[3:])
-    assert (a.nnodes, a.node_rank, a.nproc_per_node, a.master_port) == ("2", 1, "4", 29500)
-    assert a.module and a.training_script == "trainyard.engine.train" and a.training_script_args == ["--steps", "5"]
 
 
 def _f(**kw):

@@ -1,11 +1,13 @@
 """The bandwidth probe: the bus-bandwidth formula, a real 2-process run under torchrun with gloo on the CPU,
-and the driver's way of running it (its own torchrun, stopped when it runs past its time)."""
+and the driver's way of running it (a launch of its own, as the job's processes start, stopped when it runs past
+its time)."""
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -50,21 +52,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run(tmp_path, processes: int = 2):
+    """What `driver.run_check` reads of the host's run: the job's hosts and processes, this host, its code."""
+    spec = types.SimpleNamespace(instance_count=1, processes_per_host=processes)
+    return types.SimpleNamespace(spec=spec, host="algo-1", index=0, master_addr="127.0.0.1", code_dir=str(tmp_path))
+
+
 @pytest.mark.slow
-def test_the_driver_runs_the_probe_with_its_own_torchrun(tmp_path, capfd, monkeypatch):
-    """The command the driver builds for the probe (the module, the job's hosts and processes, another port)
-    runs to the end and each rank prints its line, prefixed as the job's ranks are."""
-    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[algo-1/${rank}] ")
+def test_the_driver_runs_the_probe_with_its_own_launch(tmp_path, capfd, monkeypatch):
+    """The probe as the driver runs it (the module, the job's hosts and processes, another port) runs to the end
+    and each rank prints its line, prefixed as the job's ranks are."""
     monkeypatch.setenv("TRAINYARD_PROBE_SIZE_MIB", "1")
     monkeypatch.setenv("TRAINYARD_PROBE_ITERS", "2")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # gloo on the CPU even where a GPU is
     port = driver.probe_port(_free_port() - 1, {})
-    cmd = driver.build_torchrun_command(nnodes=1, node_rank=0, nproc_per_node=2, master_addr="127.0.0.1",
-                                        master_port=port, entry_point=driver.PROBE_MODULE, entry_kind="module",
-                                        args=[], log_dir=str(tmp_path / "probe"))
-    assert cmd[-2:] == ["--module", "trainyard.container.probe"]
-    assert driver.run_probe(cmd, str(tmp_path), timeout=PROBE_TIMEOUT_S) == 0
+    assert driver.run_check(_run(tmp_path), driver.PROBE_MODULE, [], str(tmp_path / "probe"), port,
+                            PROBE_TIMEOUT_S) == 0
     out = capfd.readouterr()
     text = out.out + out.err
     found = _lines(text)
@@ -74,6 +78,8 @@ def test_the_driver_runs_the_probe_with_its_own_torchrun(tmp_path, capfd, monkey
 
 
 def test_a_probe_past_its_time_is_stopped(tmp_path):
+    """A check that never ends (here a module that sleeps: `timeit` of a 60 s sleep) is stopped at its time."""
     start = time.monotonic()
-    code = driver.run_probe([sys.executable, "-c", "import time; time.sleep(60)"], str(tmp_path), timeout=0.5)
+    code = driver.run_check(_run(tmp_path, 1), "timeit", ["-n", "1", "-r", "1", "-s", "import time", "time.sleep(60)"],
+                            str(tmp_path / "logs"), _free_port(), timeout=0.5)
     assert code is None and time.monotonic() - start < 30

@@ -95,7 +95,9 @@ def train_sharded(case: dict):
     return model, rows, losses
 
 
-def train_oracle(case: dict, rows: int):
+def train_oracle(case: dict, rows: int) -> tuple[dict[str, torch.Tensor], list[float], dict[str, float]]:
+    """The unsharded run: its final weights by name (tied ones once, as `named_parameters` gives them), its
+    losses, and each parameter's largest share of the total gradient norm."""
     model = oracle_start(case)
     opt = optimizer(model.parameters())
     losses, share = [], {}
@@ -111,10 +113,17 @@ def train_oracle(case: dict, rows: int):
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return model, losses, share
+    return {n: p.detach() for n, p in model.named_parameters()}, losses, share
 
 
-def run_case(case: dict) -> dict:
+def oracle_key(case: dict, rows: int) -> tuple:
+    """What the oracle of a case depends on: cases of one family, build, tying and batch share it."""
+    return case["family"], case["build"], case["tie"], rows
+
+
+def train_part(case: dict) -> dict:
+    """The engine's run of a case (every rank): its refusal, or its batch rows and, on rank 0, its losses, full
+    weights and (with `export`) the logits of the exported model."""
     try:
         model, rows, losses = train_sharded(case)
     except ValueError as e:  # a refusal: every rank raises it before anything is trained
@@ -124,31 +133,61 @@ def run_case(case: dict) -> dict:
     if case.get("export"):
         te.save_model(model, case["export"])
         exported = model(probe()).logits.detach()
-    result: dict = {}
-    if dist.get_rank() == 0:
-        oracle, want, share = train_oracle(case, rows)
-        result["loss_err"] = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
-        expected = dict(oracle.named_parameters())
-        result["excluded"] = sorted(n for n in expected if share.get(n, 0.0) <= ZERO_GRAD)
-        errors = {n: ((state[n].float() - p.detach()).norm() / p.detach().norm().clamp_min(1e-30)).item()
-                  for n, p in expected.items() if n not in result["excluded"]}
-        result["worst"], result["weight_err"] = max(errors.items(), key=lambda kv: kv[1])
-        result["compared"] = len(errors)
-        if exported is not None:
-            from transformers import AutoModelForCausalLM
+    if dist.get_rank() != 0:
+        return {"rows": rows}
+    return {"rows": rows, "losses": losses, "state": state, "exported": exported}
 
-            loaded = AutoModelForCausalLM.from_pretrained(case["export"])
-            result["export_err"] = (loaded(probe()).logits - exported).abs().max().item()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+
+def compare(case: dict, part: dict, oracle) -> dict:
+    """Rank 0: the worst relative errors of the engine's run of `case` against its oracle."""
+    expected, want, share = oracle
+    result: dict = {"loss_err": max(abs(a - b) / abs(b) for a, b in zip(part["losses"], want))}
+    result["excluded"] = sorted(n for n in expected if share.get(n, 0.0) <= ZERO_GRAD)
+    state = part["state"]
+    errors = {n: ((state[n].float() - p).norm() / p.norm().clamp_min(1e-30)).item()
+              for n, p in expected.items() if n not in result["excluded"]}
+    result["worst"], result["weight_err"] = max(errors.items(), key=lambda kv: kv[1])
+    result["compared"] = len(errors)
+    if part["exported"] is not None:
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(case["export"])
+        result["export_err"] = (loaded(probe()).logits - part["exported"]).abs().max().item()
     return result
 
 
+_ORACLES: dict[tuple, tuple] = {}
+
+
+def run_case(case: dict) -> dict:
+    """One case, engine and oracle, in this process (one process, as the test calls it); the oracles of
+    cases that share one are trained once."""
+    part = train_part(case)
+    if "refused" in part:
+        return part
+    key = oracle_key(case, part["rows"])
+    if key not in _ORACLES:
+        _ORACLES[key] = train_oracle(case, part["rows"])
+    return compare(case, part, _ORACLES[key])
+
+
 def main() -> None:
+    """Every case's engine run on all ranks, then the distinct oracles their results need, spread over the ranks
+    (each a single process, where rank 0 alone once trained them while the others waited), gathered on rank 0."""
     cases, out = json.loads(sys.argv[1]), sys.argv[2]
     te.init()
-    results = {case["name"]: run_case(case) for case in cases}
-    if dist.get_rank() == 0:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    parts = {case["name"]: train_part(case) for case in cases}
+    keys = sorted({oracle_key(c, parts[c["name"]]["rows"]) for c in cases if "refused" not in parts[c["name"]]})
+    mine = {key: train_oracle(dict(zip(("family", "build", "tie"), key)), key[3])
+            for i, key in enumerate(keys) if i % world == rank}
+    gathered: list = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank == 0:
+        oracles = {k: v for part in gathered for k, v in part.items()}
+        results = {c["name"]: parts[c["name"]] if "refused" in parts[c["name"]]
+                   else compare(c, parts[c["name"]], oracles[oracle_key(c, parts[c["name"]]["rows"])])
+                   for c in cases}
         with open(out, "w") as fh:
             json.dump(results, fh)
     te.finish()

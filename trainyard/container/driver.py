@@ -10,7 +10,8 @@
 3. sets the NCCL/EFA variables that the devices it finds call for (trainyard/container/efa.py; the job's own values
    win) and logs one line saying what it found and set;
 4. with `TRAINYARD_BANDWIDTH_PROBE=1` in the job's environment, runs the bandwidth probe
-   (trainyard/container/probe.py) with torchrun first: same hosts and processes, its own rendezvous port;
+   (trainyard/container/probe.py) first, started as in 5: same hosts and processes, its own rendezvous port (so
+   does the job's `health_check`: trainyard/container/health.py);
 5. starts the host's processes as torchrun would with a static rendezvous (trainyard/container/launcher.py: the
    same variables, without importing torch; a failure comes back as structured data: rank, exit code or signal),
    every rank's output prefixed `[algo-2/3]`;
@@ -40,7 +41,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -71,49 +71,21 @@ from trainyard.container.phases import FIRST_STEP, HOST_PHASES_FILE, REQUESTED_E
 from trainyard.job.jsonio import now_iso
 from trainyard.job.logstamp import stamped
 
-TORCHRUN = ("-m", "torch.distributed.run")
 PROBE_MODULE = "trainyard.container.probe"
 HEALTH_MODULE = "trainyard.container.health"
 WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
 PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
 # the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
 PROBE_TIMEOUT_S = 300.0
-PROBE_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for a probe past its time (torchrun stops its workers on SIGTERM)
+PROBE_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for a pre-flight check past its time
 # seconds between scans of the synced folders: checkpoints, and the TensorBoard and profiler outputs
 CHECKPOINT_SYNC_ENV = "TRAINYARD_CHECKPOINT_SYNC_S"
 OUTPUT_SYNC_ENV = "TRAINYARD_OUTPUT_SYNC_S"
 
 
-def build_torchrun_command(
-    *,
-    nnodes: int,
-    node_rank: int,
-    nproc_per_node: int,
-    master_addr: str,
-    master_port: int,
-    entry_point: str,
-    entry_kind: str,
-    args: list[str],
-    log_dir: str,
-    python: str = sys.executable,
-) -> list[str]:
-    """The launch command for one host. Static rendezvous on the first host, so node rank = host index."""
-    cmd = [python, *TORCHRUN,
-           "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc_per_node),
-           "--master-addr", master_addr, "--master-port", str(master_port),
-           "--max-restarts", "0",
-           # how often the agent polls its workers (s): a failure is noticed within this time
-           "--monitor-interval", "0.2",
-           "--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
-    if entry_kind == "module":
-        cmd.append("--module")
-    return [*cmd, entry_point, *args]
-
-
 def launch_line(spec: JobSpec, index: int, master_addr: str, master_port: int) -> str:
     """What the host starts, in one short line: the entry point and its arguments as the user gave them, the
-    processes, and where torchrun meets (its other flags are the same for every job: build_torchrun_command),
-    or that it runs once as plain python (`plainrun`)."""
+    processes, and where they meet (launcher.py), or that it runs once as plain python (`plainrun`)."""
     entry = " ".join([spec.entry_point if spec.entry_kind == "script" else f"-m {spec.entry_point}",
                       *user_args(spec.hyperparameters)])
     where = f"host {index + 1} of {spec.instance_count}"
@@ -154,20 +126,16 @@ def probe_port(master_port: int, environ) -> int:
     return int(environ.get("TRAINYARD_PROBE_PORT") or master_port + 1)
 
 
-def run_probe(cmd: list[str], cwd: str, timeout: float = PROBE_TIMEOUT_S) -> int | None:
-    """Run the probe's torchrun as a child in this process group (a stop of the driver's group reaches it).
-    Returns its exit status, or None when it ran past `timeout` and was stopped."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL)
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(PROBE_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return None
+def run_check(run: HostRun, module: str, args: list[str], log_dir: str, port: int, timeout: float) -> int | None:
+    """A pre-flight check (the bandwidth probe, the health check: `module`) on the job's hosts and processes, started
+    as the job's own are (launcher.py) at its own rendezvous `port`, its ranks' files under `log_dir`. Returns its
+    exit status, or None when it ran past `timeout` and was stopped."""
+    spec = run.spec
+    code, _ = run_processes([sys.executable, "-u", "-m", module, *args], run.code_dir, host=run.host,
+                            node_rank=run.index, nnodes=spec.instance_count, nproc=spec.processes_per_host,
+                            master_addr=run.master_addr, master_port=port, log_dir=log_dir, grace=PROBE_STOP_GRACE_S,
+                            timeout=timeout)
+    return code
 
 
 def run_training(launch: Callable[[], tuple[int, RankFailure | None]], host: str, log_dir: str, *, phases: PhaseLog,
@@ -330,12 +298,12 @@ def prepare(argv: list[str] | None) -> HostRun:
     started = now_iso()  # this host runs: the end of its `capacity` phase
     p = argparse.ArgumentParser(prog="python -m trainyard.container.driver")
     p.add_argument("--root", default=os.environ.get("TRAINYARD_ML_ROOT", "/opt/ml"))
-    p.add_argument("--log-dir", default=None, help="torchrun's per-rank log files (default: a temporary folder)")
+    p.add_argument("--log-dir", default=None, help="the ranks' log files (default: a temporary folder)")
     p.add_argument("--status-file", default=None, help="JSON result of this host (default: <root>/output/host-status.json)")
     p.add_argument("--phases-file", default=None,
                    help=f"this host's phase timings (default: <root>/{HOST_PHASES_FILE})")
     a = p.parse_args(argv)
-    # torchrun's tailer threads and ours share stdout: each write a whole line (see worker_site/sitecustomize.py)
+    # the launcher's follower threads and ours share stdout: each write a whole line (see worker_site/sitecustomize.py)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True, write_through=False)
@@ -351,7 +319,7 @@ def prepare(argv: list[str] | None) -> HostRun:
     index = job["host_index"]
     host = spec.hosts[index]
     # SageMaker's MASTER_ADDR is the first host's name; where every program of this host resolves it
-    # (container/hostnames.py), torchrun gets the name too, so its ranks see MASTER_ADDR=algo-1
+    # (container/hostnames.py), the launcher gets the name too, so the ranks see MASTER_ADDR=algo-1
     master_addr = spec.hosts[0] if os.environ.get(RESOLVES_ENV) == "1" else job["master_addr"]
     contract = render_contract(spec, index, root=root, master_addr=master_addr, master_port=job["master_port"],
                                network_interface=job["network_interface"], num_cpus=job["num_cpus"])
@@ -399,15 +367,10 @@ def probe(run: HostRun, log_dir: str) -> None:
         run.say("bandwidth probe skipped: the job has one process, nothing crosses a link")
         return
     port = probe_port(run.job["master_port"], os.environ)
-    probe_cmd = build_torchrun_command(
-        nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
-        master_addr=run.master_addr, master_port=port, entry_point=PROBE_MODULE, entry_kind="module",
-        args=[], log_dir=os.path.join(log_dir, "probe"),
-    )
     timeout = float(os.environ.get("TRAINYARD_BANDWIDTH_PROBE_TIMEOUT_S", PROBE_TIMEOUT_S))
     run.say(f"bandwidth probe: {spec.world_size} process(es), rendezvous on port {port}")
     with run.phases.timed("probe"):
-        probe_code = run_probe(probe_cmd, run.code_dir, timeout)
+        probe_code = run_check(run, PROBE_MODULE, [], os.path.join(log_dir, "probe"), port, timeout)
     if probe_code != 0:
         why = f"ran past {timeout:.0f} s" if probe_code is None else f"exited with status {probe_code}"
         run.say(f"bandwidth probe {why}; training starts all the same")
@@ -439,13 +402,10 @@ def health_check(run: HostRun, log_dir: str) -> str:
     args = ["--out", out, "--min-ratio", str(check.min_ratio)] + (
         ["--expected-tflops", str(expected)] if expected else []) + (
         ["--turns"] if catalog.lookup(spec.instance_type).is_local else [])  # emulated hosts share this machine
-    cmd = build_torchrun_command(
-        nnodes=spec.instance_count, node_rank=run.index, nproc_per_node=spec.processes_per_host,
-        master_addr=run.master_addr, master_port=port, entry_point=HEALTH_MODULE, entry_kind="module",
-        args=args, log_dir=os.path.join(log_dir, "health-logs"))
     run.say(f"health check: {spec.world_size} process(es) on {spec.instance_count} host(s), rendezvous on port {port}")
     with run.phases.timed("health"):
-        code = run_probe(cmd, run.code_dir, float(os.environ.get("TRAINYARD_HEALTH_CHECK_TIMEOUT_S", PROBE_TIMEOUT_S)))
+        code = run_check(run, HEALTH_MODULE, args, os.path.join(log_dir, "health-logs"), port,
+                         float(os.environ.get("TRAINYARD_HEALTH_CHECK_TIMEOUT_S", PROBE_TIMEOUT_S)))
     try:
         with open(os.path.join(out, "health.json")) as fh:
             result = json.load(fh)
@@ -592,4 +552,4 @@ def _supervisor_lost(host: str, root: str, status_file: str, status: dict) -> No
 
 
 if __name__ == "__main__":
-    exit_now(main())  # after the exit handlers, without the interpreter's teardown of torch (torchrun's import)
+    exit_now(main())  # after the exit handlers, without the interpreter's teardown

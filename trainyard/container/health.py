@@ -2,8 +2,8 @@
 
     torchrun ... --module trainyard.container.health --out <folder> [--min-ratio R] [--expected-tflops T] [--turns]
 
-The driver runs it (a torchrun of its own, after the bandwidth probe, before the user's script) when the job asks
-(`Estimator(health_check=True)`). Every rank measures:
+The driver runs it (started as the job's processes are, container/launcher.py, after the bandwidth probe, before the
+user's script) when the job asks (`Estimator(health_check=True)`). Every rank measures:
 
 - compute: matmul throughput, TFLOP/s (GPU: bf16 4096 x 4096 products; CPU: fp32 512 x 512, with the rank's
   threads), the rank's own, after a warm-up, every rank at once (a host's ranks share its power and cooling as in

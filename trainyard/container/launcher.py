@@ -163,9 +163,11 @@ def _stop(processes: list[_Process], signum: int, grace: float) -> None:
 
 def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes: int, nproc: int,
                   master_addr: str, master_port: int, log_dir: str, run_id: str = RUN_ID,
-                  grace: float = STOP_GRACE_S) -> tuple[int, RankFailure | None]:
+                  grace: float = STOP_GRACE_S, timeout: float | None = None) -> tuple[int | None, RankFailure | None]:
     """Run `cmd` as this host's `nproc` processes; returns (exit status, the root-cause failure or None), as the
-    driver's torchrun launch did."""
+    driver's torchrun launch did. Past `timeout` seconds (the pre-flight checks') the processes are stopped as on
+    a failure and the status is None."""
+    end = None if timeout is None else time.monotonic() + timeout
     folder = f"{run_id}_{uuid.uuid4().hex[:8]}"  # torchrun's layout: <log_dir>/<run id>_<random>/...
     if os.environ.get("PYTHON_EXEC") and cmd[0] == sys.executable:  # torchrun's way to name the interpreter
         cmd = [os.environ["PYTHON_EXEC"], *cmd[1:]]
@@ -189,6 +191,9 @@ def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes
                                       for i, c in failed])
             if all(c == 0 for c in codes):
                 return 0, None
+            if end is not None and time.monotonic() > end:
+                _stop(processes, signal.SIGTERM, grace)
+                return None, None
             time.sleep(MONITOR_S)
         _stop(processes, received[0], grace)
         return 128 + received[0], None

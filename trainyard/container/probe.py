@@ -2,8 +2,8 @@
 
     torchrun ... --module trainyard.container.probe [--size-mib S] [--iters N] [--warmup W]
 
-The driver runs it (a torchrun of its own, before the user's script) when the job's environment has
-`TRAINYARD_BANDWIDTH_PROBE=1`. Each rank prints one line:
+The driver runs it (started as the job's processes are, container/launcher.py, before the user's script) when the
+job's environment has `TRAINYARD_BANDWIDTH_PROBE=1`. Each rank prints one line:
 
     bandwidth probe: rank R: all-reduce bus bandwidth X GB/s (size S MiB, N iterations)
 
