@@ -13,8 +13,8 @@ install: $(STAMP)
 
 # uv (from PyPI) installs the same packages as pip, in parallel: 48 s against pip's 1m53s on this machine, their
 # bytecode compiled as pip does (every process imports torch: 2.3 s of CPU compiled, 5.5 s not, where
-# PYTHONDONTWRITEBYTECODE is set); pip does it where uv cannot be had. uv does not read PIP_FIND_LINKS (where this machine keeps its
-# local torch wheel): it is passed on. pip itself is upgraded all the same: the jobs' requirements.txt use it
+# PYTHONDONTWRITEBYTECODE is set); pip does it where uv cannot be had. uv does not read PIP_FIND_LINKS (where
+# this machine keeps its local torch wheel): it is passed on. pip is upgraded all the same: jobs' requirements use it
 EXTRAS := dev,hf,peft,kernels,fp8,report,tensorboard,kubernetes
 FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 

@@ -3,6 +3,7 @@ and the driver's way of running it (a launch of its own, as the job's processes 
 its time)."""
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -83,3 +84,24 @@ def test_a_probe_past_its_time_is_stopped(tmp_path):
     code = driver.run_check(_run(tmp_path, 1), "timeit", ["-n", "1", "-r", "1", "-s", "import time", "time.sleep(60)"],
                             str(tmp_path / "logs"), _free_port(), timeout=0.5)
     assert code is None and time.monotonic() - start < 30
+
+
+def test_a_driver_stopped_during_a_check_ends_as_it_would_without_it(tmp_path):
+    """The launcher passes the driver's SIGTERM on to the check's ranks and returns; the driver then ends by that
+    signal, as it did when the check was a child of its own: it never goes on to train."""
+    script = tmp_path / "driver_stopped.py"
+    script.write_text(f"""
+import os, signal, sys, threading, types
+sys.path.insert(0, {ROOT!r})
+from trainyard.container import driver
+spec = types.SimpleNamespace(instance_count=1, processes_per_host=1)
+run = types.SimpleNamespace(spec=spec, host="algo-1", index=0, master_addr="127.0.0.1", code_dir={str(tmp_path)!r})
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+driver.run_check(run, "timeit", ["-n", "1", "-r", "1", "-s", "import time", "time.sleep(60)"], {str(tmp_path / "l")!r},
+                 {_free_port()}, 120)
+print("went on after the check")
+""")
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGTERM, (r.returncode, r.stdout, r.stderr)
+    assert "went on" not in r.stdout and time.monotonic() - start < 30

@@ -75,7 +75,7 @@ PROBE_MODULE = "trainyard.container.probe"
 HEALTH_MODULE = "trainyard.container.health"
 WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_site")
 PROBE_ENV = "TRAINYARD_BANDWIDTH_PROBE"
-# the probe's whole run: two torch imports per rank, rendezvous, a few all-reduces; minutes mean trouble
+# the probe's whole run: a torch import per rank, rendezvous, a few all-reduces; minutes mean trouble
 PROBE_TIMEOUT_S = 300.0
 PROBE_STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL for a pre-flight check past its time
 # seconds between scans of the synced folders: checkpoints, and the TensorBoard and profiler outputs
@@ -129,12 +129,16 @@ def probe_port(master_port: int, environ) -> int:
 def run_check(run: HostRun, module: str, args: list[str], log_dir: str, port: int, timeout: float) -> int | None:
     """A pre-flight check (the bandwidth probe, the health check: `module`) on the job's hosts and processes, started
     as the job's own are (launcher.py) at its own rendezvous `port`, its ranks' files under `log_dir`. Returns its
-    exit status, or None when it ran past `timeout` and was stopped."""
+    exit status, or None when it ran past `timeout` and was stopped. A signal that stopped the driver meanwhile (the
+    launcher passed it on to the check's ranks) is raised again here: it ends the driver as it would have without
+    the check, never a training started after it."""
     spec = run.spec
     code, _ = run_processes([sys.executable, "-u", "-m", module, *args], run.code_dir, host=run.host,
                             node_rank=run.index, nnodes=spec.instance_count, nproc=spec.processes_per_host,
                             master_addr=run.master_addr, master_port=port, log_dir=log_dir, grace=PROBE_STOP_GRACE_S,
                             timeout=timeout)
+    if code is not None and code > 128:
+        signal.raise_signal(code - 128)
     return code
 
 
