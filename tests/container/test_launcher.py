@@ -1,11 +1,13 @@
 """The host's launcher (container/launcher.py): torchrun's variables for each process, its files and prefixed
 lines, the first failure ending the others, and the driver's signals passed on; with small plain-python
-processes (no torch)."""
+processes (no torch), each started as its own interpreter and forked from the preload server (preload.py)."""
 import os
 import signal
 import sys
 import threading
 import time
+
+import pytest
 
 from trainyard.container.launcher import run_processes, worker_env
 
@@ -31,6 +33,11 @@ if mode in ("fail", "wait"):
     open(os.path.join(sys.argv[2], f"up-{local}"), "w").close()
     time.sleep(60)
 """
+
+
+@pytest.fixture(params=[(), ("json",)], ids=["fresh", "preloaded"])
+def preload(request):
+    return request.param
 
 
 def _run(tmp_path, mode, capfd=None, **kw):
@@ -59,8 +66,8 @@ def test_each_process_gets_torchruns_variables():
                                                master_port=1, run_id="x", environ={})
 
 
-def test_the_processes_run_with_their_files_and_prefixed_lines(tmp_path, capfd):
-    assert _run(tmp_path, "ok") == (0, None)
+def test_the_processes_run_with_their_files_and_prefixed_lines(tmp_path, capfd, preload):
+    assert _run(tmp_path, "ok", preload=preload) == (0, None)
     out = capfd.readouterr().out
     for local, rank in ((0, 3), (1, 4), (2, 5)):
         line = (f"RANK={rank} LOCAL_RANK={local} WORLD_SIZE=6 LOCAL_WORLD_SIZE=3 GROUP_RANK=1 MASTER_ADDR=127.0.0.1 "
@@ -70,9 +77,9 @@ def test_the_processes_run_with_their_files_and_prefixed_lines(tmp_path, capfd):
         assert (folder / "stdout.log").read_text().startswith(line)
 
 
-def test_the_first_failure_ends_the_others_and_is_reported(tmp_path):
+def test_the_first_failure_ends_the_others_and_is_reported(tmp_path, preload):
     t0 = time.monotonic()
-    code, failure = _run(tmp_path, "fail", grace=2.0)
+    code, failure = _run(tmp_path, "fail", grace=2.0, preload=preload)
     took = time.monotonic() - t0
     assert code == 1 and (failure.rank, failure.local_rank, failure.exitcode) == (4, 1, 3), failure
     assert failure.reason().startswith("algo-2 rank 4 (local rank 1) exited with code 3:\nboom: rank 1 gives up")
@@ -80,7 +87,7 @@ def test_the_first_failure_ends_the_others_and_is_reported(tmp_path):
     assert took < 15, took  # rank 2 got SIGKILL after the 2 s grace, not its 60 s sleep
 
 
-def test_a_signal_to_the_driver_goes_on_to_every_process(tmp_path):
+def test_a_signal_to_the_driver_goes_on_to_every_process(tmp_path, preload):
     def stop_when_up():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not all((tmp_path / f"up-{i}").exists() for i in range(3)):
@@ -89,7 +96,7 @@ def test_a_signal_to_the_driver_goes_on_to_every_process(tmp_path):
 
     threading.Thread(target=stop_when_up, daemon=True).start()
     previous = signal.getsignal(signal.SIGTERM)
-    code, failure = _run(tmp_path, "wait", grace=2.0)
+    code, failure = _run(tmp_path, "wait", grace=2.0, preload=preload)
     assert (code, failure) == (128 + signal.SIGTERM, None)
     assert (tmp_path / "term-0").exists() and (tmp_path / "term-1").exists()
     assert signal.getsignal(signal.SIGTERM) is previous  # the driver's own handlers back

@@ -1,9 +1,15 @@
-"""Launching a multi-process test worker as two emulated hosts."""
+"""Launching a multi-process test worker as two emulated hosts: one launcher per host (the product's,
+trainyard/container/launcher.py, as a job's driver runs it), its processes forked from a server that imported
+torch and the engine once (container/preload.py). Run as a script, this file is one host's launcher."""
+import argparse
 import json
 import os
 import socket
 import subprocess
 import sys
+
+# what every worker imports first; a worker's own imports come after, in each process
+PRELOAD = ("torch", "torch.distributed", "trainyard.engine.api")
 
 
 def _free_port() -> int:
@@ -14,15 +20,15 @@ def _free_port() -> int:
 
 def run_on_two_hosts(worker: str, cases: list[dict], tmp_path, processes_per_host: int = 2, *,
                      hosts: int = 2, env: dict | None = None) -> dict:
-    """`worker CASES OUT` under `hosts` torchrun agents (node ranks 0.., emulating hosts of
-    `processes_per_host` processes), static rendezvous on loopback; the JSON the worker wrote to OUT."""
+    """`worker CASES OUT` under `hosts` launchers (node ranks 0.., emulating hosts of `processes_per_host`
+    processes), static rendezvous on loopback; the JSON the worker wrote to OUT."""
     out, port = tmp_path / "errors.json", _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     # logs go to files: a pipe that nobody drains while the other agent is awaited can fill and block
     logs = [open(tmp_path / f"agent{node}.log", "w+") for node in range(hosts)]
     agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--node-rank", str(node),
-         "--nproc-per-node", str(processes_per_host), "--master-addr", "127.0.0.1", "--master-port", str(port),
+        [sys.executable, __file__, "--nnodes", str(hosts), "--node-rank", str(node), "--nproc-per-node",
+         str(processes_per_host), "--master-port", str(port), "--log-dir", str(tmp_path / f"agent{node}-logs"),
          worker, json.dumps(cases), str(out)], env=env, stdout=logs[node], stderr=subprocess.STDOUT, text=True)
         for node in range(hosts)]
     try:
@@ -38,3 +44,26 @@ def run_on_two_hosts(worker: str, cases: list[dict], tmp_path, processes_per_hos
         log.close()
     assert all(a.returncode == 0 for a in agents), "\n".join(t[-4000:] for t in texts)
     return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one emulated host's launcher of a test worker")
+    for flag in ("--nnodes", "--node-rank", "--nproc-per-node", "--master-port"):
+        parser.add_argument(flag, type=int, required=True)
+    parser.add_argument("--log-dir", required=True)
+    parser.add_argument("worker")
+    parser.add_argument("args", nargs="*")
+    a = parser.parse_args()
+    from trainyard.container.launcher import run_processes
+
+    code, failure = run_processes([sys.executable, "-u", a.worker, *a.args], os.getcwd(), host=f"algo-{a.node_rank + 1}",
+                                  node_rank=a.node_rank, nnodes=a.nnodes, nproc=a.nproc_per_node,
+                                  master_addr="127.0.0.1", master_port=a.master_port, log_dir=a.log_dir,
+                                  preload=PRELOAD)
+    if failure is not None:
+        print(failure.reason(), file=sys.stderr)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -136,7 +136,7 @@ def run_check(run: HostRun, module: str, args: list[str], log_dir: str, port: in
     code, _ = run_processes([sys.executable, "-u", "-m", module, *args], run.code_dir, host=run.host,
                             node_rank=run.index, nnodes=spec.instance_count, nproc=spec.processes_per_host,
                             master_addr=run.master_addr, master_port=port, log_dir=log_dir, grace=PROBE_STOP_GRACE_S,
-                            timeout=timeout)
+                            timeout=timeout, preload=(module,))
     if code is not None and code > 128:
         signal.raise_signal(code - 128)
     return code
@@ -450,6 +450,13 @@ def health_check(run: HostRun, log_dir: str) -> str:
     return result["reason"]
 
 
+def preloaded(entry_point: str, entry_kind: str) -> tuple[str, ...]:
+    """What the host's processes import once before they are forked (launcher.py, preload.py): trainyard's own
+    entry modules (the built-in trainer), whose imports read no process's own variable; a user's script or module
+    starts in a fresh interpreter, as under torchrun."""
+    return (entry_point,) if entry_kind == "module" and entry_point.split(".")[0] == "trainyard" else ()
+
+
 def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
     """The job's entry point on the host's processes (launcher.py), or as one plain process (`JobSpec.launcher`):
     (exit code, the failed rank, FailureReason)."""
@@ -464,7 +471,7 @@ def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
         launch = functools.partial(run_processes, [cmd[0], "-u", *cmd[1:]],  # unbuffered, as torchrun runs them
                                    run.code_dir, host=run.host, node_rank=run.index, nnodes=spec.instance_count,
                                    nproc=spec.processes_per_host, master_addr=run.master_addr, master_port=port,
-                                   log_dir=log_dir)
+                                   log_dir=log_dir, preload=preloaded(spec.entry_point, spec.entry_kind))
     run.say(launch_line(spec, run.index, run.master_addr, port))
     code, failure, hang = run_training(launch, run.host, log_dir, phases=run.phases,
                                        metrics_file=f"{run.root}/output/data/{METRICS_FILE}",

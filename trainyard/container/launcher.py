@@ -26,6 +26,11 @@ rank); each runs in a session of its own; every `MONITOR_S` the processes are po
 others get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and the launch returns 1 with the failures seen by then
 (`root_cause` picks the cause). SIGTERM, SIGINT, SIGHUP and
 SIGQUIT sent to the driver go on to every process (SIGKILL after `STOP_GRACE_S`), and the launch returns 128+N.
+
+With `preload=` (the driver names trainyard's own entry modules: the built-in trainer, the pre-flight checks) a host
+of several processes forks them from one server that imported those modules once (preload.py): one import of
+torch and the engine per host instead of one per process. Their files, variables, sessions, signals and statuses
+are as above; the server's own output goes to `<log_dir>/<run id>_<random>/preload.log`.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ from typing import TextIO
 
 from trainyard.container.failure import RankFailure, from_rank_logs, root_cause
 from trainyard.container.plainrun import TEE_DRAIN_S, write_prefixed
+from trainyard.container.preload import PER_PROCESS
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 MONITOR_S = 0.2  # how often the processes are polled (torchrun's --monitor-interval here): a failure is seen by then
@@ -94,15 +100,97 @@ def follow(path: str, out: TextIO, prefix: str, done: threading.Event) -> None:
             write_prefixed(out, prefix, [pending])
 
 
+class _Server:
+    """The preload server of one launch (preload.py): started at once, importing, while the launcher goes on;
+    the processes it forked, by index, and their statuses, read from its events as they come."""
+
+    def __init__(self, interpreter: list[str], modules: list[str], cwd: str, env: dict, log: str):
+        requests_r, self._requests = os.pipe()
+        events_r, events_w = os.pipe()
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [*interpreter, "-m", "trainyard.container.preload", "--requests", str(requests_r),
+                 "--events", str(events_w), *modules], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, pass_fds=(requests_r, events_w), start_new_session=True)
+        os.close(requests_r)
+        os.close(events_w)
+        self.pids: dict[int, int] = {}
+        self.codes: dict[int, int] = {}
+        self.read = threading.Event()  # its events read to the end: it has exited, or closed them
+        threading.Thread(target=self._follow, args=(events_r,), daemon=True).start()
+
+    def fork(self, index: int, argv: list[str], cwd: str, env: dict, stdout: str, stderr: str) -> None:
+        line = json.dumps({"index": index, "argv": argv, "cwd": cwd, "env": env, "stdout": stdout, "stderr": stderr})
+        try:
+            os.write(self._requests, line.encode() + b"\n")  # a request is far below the pipe's 64 KB
+        except OSError:  # it is gone already: the process's status is the server's
+            pass
+
+    def started(self) -> None:
+        os.close(self._requests)  # every request is in: it reaps what it forked, then exits
+
+    def _follow(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as events:
+            for line in events:
+                kind, first, second = line.split()
+                if kind == b"pid":
+                    self.pids[int(first)] = int(second)
+                else:
+                    self.codes[int(first)] = int(second)
+        self.read.set()
+
+    def status(self, index: int) -> int | None:
+        pid = self.pids.get(index)
+        if pid is not None and pid in self.codes:
+            return self.codes[pid]
+        if not self.read.is_set() or self.proc.poll() is None:
+            return None
+        # the server ended without this process's status: killed before it forked it, or with it (then it is
+        # ended here, not left as an orphan): the process shares the server's end
+        if pid is not None:
+            _signal_group(pid, signal.SIGKILL)
+        return self.proc.returncode or 1
+
+    def pid(self, index: int) -> int:
+        """The process's pid, or the server's until it has forked it (a signal then ends the server first)."""
+        return self.pids.get(index, self.proc.pid)
+
+
+def split_python(cmd: list[str]) -> tuple[list[str], list[str]] | None:
+    """A python command as (the interpreter and its options, `-m MODULE ARGS` or `SCRIPT ARGS`); None for
+    another program or `-c CODE`, which the preload server does not run."""
+    if not cmd or not os.path.basename(cmd[0]).startswith("python"):
+        return None
+    i = 1
+    while i < len(cmd) and cmd[i].startswith("-") and cmd[i] != "-m":
+        if cmd[i].startswith("-c"):
+            return None
+        i += 2 if cmd[i] in ("-X", "-W") else 1
+    return (cmd[:i], cmd[i:]) if i < len(cmd) else None
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)  # its session's whole group: what it started goes too
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class _Process:
-    def __init__(self, cmd: list[str], cwd: str, env: dict, folder: str, prefix: str):
+    def __init__(self, cmd: list[str], cwd: str, env: dict, folder: str, prefix: str, *,
+                 server: _Server | None = None, index: int = 0):
         os.makedirs(folder, exist_ok=True)
         self.stderr = os.path.join(folder, "stderr.log")
         self.error_file = env["TORCHELASTIC_ERROR_FILE"] = os.path.join(folder, "error.json")
         self.done = threading.Event()
-        with open(os.path.join(folder, "stdout.log"), "wb") as stdout, open(self.stderr, "wb") as stderr:
-            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
-                                         stderr=stderr, start_new_session=True)
+        self.server, self.index, self.proc = server, index, None
+        if server is not None:
+            server.fork(index, split_python(cmd)[1], cwd, env, os.path.join(folder, "stdout.log"), self.stderr)
+        else:
+            with open(os.path.join(folder, "stdout.log"), "wb") as stdout, open(self.stderr, "wb") as stderr:
+                self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                             stderr=stderr, start_new_session=True)
         self.ended: float | None = None
         self.tails = [threading.Thread(target=follow, args=(os.path.join(folder, name), out, prefix, self.done),
                                        daemon=True)
@@ -111,17 +199,25 @@ class _Process:
             t.start()
 
     def poll(self) -> int | None:
-        code = self.proc.poll()
+        code = self.proc.poll() if self.server is None else self.server.status(self.index)
         if code is not None and self.ended is None:
             self.ended = time.time()
             self.done.set()
         return code
 
+    def wait(self, timeout: float) -> None:
+        if self.server is None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:  # stuck in the kernel (a hung device): the launch goes on without it
+                pass
+            return
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.proc.pid, signum)  # its session's whole group: what it started goes too
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal_group(self.proc.pid if self.server is None else self.server.pid(self.index), signum)
 
     def message(self) -> str:
         """What torchrun's `@record` wrote into its error file, if the rank used it."""
@@ -154,19 +250,18 @@ def _stop(processes: list[_Process], signum: int, grace: float) -> None:
     for p in running:
         p.signal(signal.SIGKILL)
     for p in processes:
-        try:
-            p.proc.wait(REAP_S)
-        except subprocess.TimeoutExpired:  # stuck in the kernel (a hung device): the launch goes on without it
-            pass
+        p.wait(REAP_S)
         p.poll()
 
 
 def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes: int, nproc: int,
                   master_addr: str, master_port: int, log_dir: str, run_id: str = RUN_ID,
-                  grace: float = STOP_GRACE_S, timeout: float | None = None) -> tuple[int | None, RankFailure | None]:
+                  grace: float = STOP_GRACE_S, timeout: float | None = None,
+                  preload: tuple[str, ...] = ()) -> tuple[int | None, RankFailure | None]:
     """Run `cmd` as this host's `nproc` processes; returns (exit status, the root-cause failure or None), as the
     driver's torchrun launch did. Past `timeout` seconds (the pre-flight checks') the processes are stopped as on
-    a failure and the status is None."""
+    a failure and the status is None. With `preload` (modules; `cmd` a python command: `split_python`) and several
+    processes, they are forked from one process that imported those modules once (preload.py)."""
     end = None if timeout is None else time.monotonic() + timeout
     folder = f"{run_id}_{uuid.uuid4().hex[:8]}"  # torchrun's layout: <log_dir>/<run id>_<random>/...
     if os.environ.get("PYTHON_EXEC") and cmd[0] == sys.executable:  # torchrun's way to name the interpreter
@@ -174,12 +269,18 @@ def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes
     received: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in FORWARDED}
     processes: list[_Process] = []
+    envs = [worker_env(local_rank=local, nproc=nproc, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
+                       master_port=master_port, run_id=run_id) for local in range(nproc)]
+    server = None
     try:
-        for local in range(nproc):
-            env = worker_env(local_rank=local, nproc=nproc, node_rank=node_rank, nnodes=nnodes,
-                             master_addr=master_addr, master_port=master_port, run_id=run_id)
+        if preload and nproc > 1 and split_python(cmd) is not None:
+            server = _Server(split_python(cmd)[0], list(preload), cwd, {k: v for k, v in envs[0].items() if k not in PER_PROCESS},
+                             os.path.join(log_dir, folder, "preload.log"))
+        for local, env in enumerate(envs):
             processes.append(_Process(cmd, cwd, env, os.path.join(log_dir, folder, "attempt_0", str(local)),
-                                      f"[{host}/{env['RANK']}] "))
+                                      f"[{host}/{env['RANK']}] ", server=server, index=local))
+        if server is not None:
+            server.started()
         while not received:
             codes = [p.poll() for p in processes]
             if any(c not in (None, 0) for c in codes):
@@ -202,4 +303,9 @@ def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes
             _stop(processes, signal.SIGKILL, 0.0)  # never leaves one behind (an exception above, a second signal)
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if server is not None:  # it exits once its processes have: reaped here
+            try:
+                server.proc.wait(REAP_S)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
         _drain(processes)

@@ -98,7 +98,13 @@ def _stacks_on_sigusr2():
         pass
 
 
+def in_each_process():
+    """What depends on the process's own variables (its RANK): run again in each process that the preload server
+    (trainyard/container/preload.py) forks, after it took on that process's environment."""
+    _stacks_on_sigusr2()
+
+
 atexit.register(_end_process_group)
 _note_uncaught_exceptions()
-_stacks_on_sigusr2()
+in_each_process()
 _chain()

@@ -1,0 +1,122 @@
+"""The preload server (container/preload.py): a host's processes forked from one process that imported their
+modules once are what fresh interpreters would be (argv, environment, folder, session, files, exit statuses,
+tracebacks), a server killed before it forked leaves nothing behind, and trainyard's preloaded entry modules
+read no per-process variable while they are imported."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from trainyard.container.driver import HEALTH_MODULE, PROBE_MODULE, preloaded
+from trainyard.container.launcher import run_processes
+from trainyard.container.preload import PER_PROCESS
+
+SCRIPT = """
+import json, os, sys
+mode = sys.argv[1]
+rank = int(os.environ["RANK"])
+json.dump({"argv": sys.argv, "cwd": os.getcwd(), "name": __name__, "session": os.getsid(0) == os.getpid(),
+           "preloaded": "email.mime.text" in sys.modules, "path0": sys.path[0],
+           "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE", "EXTRA")}},
+          open(os.path.join(sys.argv[2], f"seen-{rank}.json"), "w"))
+if mode == "raise" and rank == 1:
+    raise RuntimeError("rank 1 broke")
+if mode == "signal" and rank == 0:
+    os.kill(os.getpid(), 9)
+"""
+
+
+def _run(tmp_path, mode, preload=("email.mime.text",), nproc=2, cmd=None, **kw):
+    script = tmp_path / "w.py"
+    script.write_text(SCRIPT)
+    return run_processes(cmd or [sys.executable, str(script), mode, str(tmp_path)], str(tmp_path), host="algo-1",
+                         node_rank=0, nnodes=1, nproc=nproc, master_addr="127.0.0.1", master_port=29513,
+                         log_dir=str(tmp_path / "logs"), preload=preload, grace=2.0, **kw)
+
+
+def _seen(tmp_path, rank):
+    return json.loads((tmp_path / f"seen-{rank}.json").read_text())
+
+
+def test_a_forked_process_is_what_a_fresh_one_would_be(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXTRA", "x")
+    assert _run(tmp_path, "ok") == (0, None)
+    for rank in (0, 1):
+        seen = _seen(tmp_path, rank)
+        assert seen["argv"] == [str(tmp_path / "w.py"), "ok", str(tmp_path)]
+        assert seen["cwd"] == str(tmp_path) and seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
+        assert seen["session"] and seen["preloaded"]
+        assert seen["env"]["RANK"] == seen["env"]["LOCAL_RANK"] == str(rank) and seen["env"]["EXTRA"] == "x"
+        assert seen["env"]["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
+    # one server per launch, and its log beside the ranks' folders
+    log, = (tmp_path / "logs").glob("none_*/preload.log")
+    assert log.read_text() == ""
+
+
+def test_a_module_entry_runs_as_main_with_its_file_as_argv0(tmp_path):
+    (tmp_path / "entrymod.py").write_text(SCRIPT)
+    cmd = [sys.executable, "-u", "-m", "entrymod", "ok", str(tmp_path)]
+    assert _run(tmp_path, "ok", cmd=cmd, preload=("entrymod",)) == (0, None)
+    seen = _seen(tmp_path, 1)
+    assert seen["argv"][0] == str(tmp_path / "entrymod.py") and seen["name"] == "__main__"
+
+
+def test_an_uncaught_exception_and_a_signal_are_the_processes_own_statuses(tmp_path):
+    code, failure = _run(tmp_path, "raise")
+    assert code == 1 and (failure.rank, failure.exitcode) == (1, 1)
+    assert "RuntimeError: rank 1 broke" in failure.last_lines
+    code, failure = _run(tmp_path, "signal")
+    assert code == 1 and (failure.rank, failure.exitcode, failure.signal) == (0, -9, "SIGKILL")
+
+
+def test_a_module_that_fails_to_preload_fails_each_process_with_its_own_traceback(tmp_path):
+    (tmp_path / "broken.py").write_text("raise ImportError('no such thing here')\n")
+    cmd = [sys.executable, "-u", "-m", "broken"]
+    code, failure = _run(tmp_path, "ok", cmd=cmd, preload=("broken",))
+    assert code == 1 and failure.exitcode == 1 and "ImportError: no such thing here" in failure.last_lines
+    log, = (tmp_path / "logs").glob("none_*/preload.log")
+    assert "no such thing here" in log.read_text()
+
+
+def test_a_server_ended_while_it_imports_ends_the_launch_and_leaves_nothing(tmp_path):
+    """The server imports a module that sleeps; the launch's timeout stops it before it forked anything."""
+    (tmp_path / "slowimport.py").write_text("import time\ntime.sleep(60)\n")
+    code, failure = _run(tmp_path, "ok", preload=("slowimport",), timeout=1.0)
+    assert (code, failure) == (None, None)
+    assert not list(tmp_path.glob("seen-*.json"))
+    left = subprocess.run(["pgrep", "-f", "trainyard.container.preload.*slowimport"], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
+
+
+def test_trainyards_preloaded_entries_read_no_process_variable_on_import():
+    """What the server imports under the host's variables only: a read of RANK (or another per-process
+    variable) at import would be the server's, the same for every process."""
+    assert preloaded("trainyard.engine.train", "module") == ("trainyard.engine.train",)
+    assert preloaded("train.py", "script") == () and preloaded("mypkg.train", "module") == ()
+    for module in ("trainyard.engine.train", PROBE_MODULE, HEALTH_MODULE):
+        probe = textwrap.dedent(f"""
+            import importlib, json, os
+            reads = []
+            class Watched(type(os.environ)):
+                def __getitem__(self, key):
+                    reads.append(key)
+                    return super().__getitem__(key)
+                def __contains__(self, key):
+                    reads.append(key)
+                    return super().__contains__(key)
+            os.environ.__class__ = Watched
+            importlib.import_module({module!r})
+            print(json.dumps(sorted(set(reads) & set({list(PER_PROCESS)!r}))))
+        """)
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "TRITON_INTERPRET": "1"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.splitlines()[-1]) == [], (module, out.stdout)
+
+
+def test_one_process_is_started_as_its_own_interpreter(tmp_path):
+    """A server would save nothing for one process: it is started as ever."""
+    assert _run(tmp_path, "ok", nproc=1) == (0, None)
+    assert not list((tmp_path / "logs").glob("none_*/preload.log"))
+    assert not _seen(tmp_path, 0)["preloaded"]
