@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 
-# what every worker imports first; a worker's own imports come after, in each process
-PRELOAD = ("torch", "torch.distributed", "trainyard.engine.api")
+# what every worker imports first (torch and the engine); a worker's own imports come after, in each process
+PRELOAD = ("trainyard.engine.api",)
 
 
 def _free_port() -> int:
@@ -56,8 +56,8 @@ def main() -> None:
     a = parser.parse_args()
     from trainyard.container.launcher import run_processes
 
-    code, failure = run_processes([sys.executable, "-u", a.worker, *a.args], os.getcwd(), host=f"algo-{a.node_rank + 1}",
-                                  node_rank=a.node_rank, nnodes=a.nnodes, nproc=a.nproc_per_node,
+    code, failure = run_processes([sys.executable, "-u", a.worker, *a.args], os.getcwd(),
+                                  host=f"algo-{a.node_rank + 1}", node_rank=a.node_rank, nnodes=a.nnodes, nproc=a.nproc_per_node,
                                   master_addr="127.0.0.1", master_port=a.master_port, log_dir=a.log_dir,
                                   preload=PRELOAD)
     if failure is not None:

@@ -104,7 +104,8 @@ class _Server:
     """The preload server of one launch (preload.py): started at once, importing, while the launcher goes on;
     the processes it forked, by index, and their statuses, read from its events as they come."""
 
-    def __init__(self, interpreter: list[str], modules: list[str], cwd: str, env: dict, log: str):
+    def __init__(self, cmd: tuple[list[str], list[str]], modules: list[str], cwd: str, env: dict, log: str):
+        interpreter, self.argv = cmd  # `split_python`'s: the server runs the first, each process the second
         requests_r, self._requests = os.pipe()
         events_r, events_w = os.pipe()
         os.makedirs(os.path.dirname(log), exist_ok=True)
@@ -120,8 +121,9 @@ class _Server:
         self.read = threading.Event()  # its events read to the end: it has exited, or closed them
         threading.Thread(target=self._follow, args=(events_r,), daemon=True).start()
 
-    def fork(self, index: int, argv: list[str], cwd: str, env: dict, stdout: str, stderr: str) -> None:
-        line = json.dumps({"index": index, "argv": argv, "cwd": cwd, "env": env, "stdout": stdout, "stderr": stderr})
+    def fork(self, index: int, cwd: str, env: dict, stdout: str, stderr: str) -> None:
+        line = json.dumps({"index": index, "argv": self.argv, "cwd": cwd, "env": env, "stdout": stdout,
+                           "stderr": stderr})
         try:
             os.write(self._requests, line.encode() + b"\n")  # a request is far below the pipe's 64 KB
         except OSError:  # it is gone already: the process's status is the server's
@@ -186,7 +188,7 @@ class _Process:
         self.done = threading.Event()
         self.server, self.index, self.proc = server, index, None
         if server is not None:
-            server.fork(index, split_python(cmd)[1], cwd, env, os.path.join(folder, "stdout.log"), self.stderr)
+            server.fork(index, cwd, env, os.path.join(folder, "stdout.log"), self.stderr)
         else:
             with open(os.path.join(folder, "stdout.log"), "wb") as stdout, open(self.stderr, "wb") as stderr:
                 self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
@@ -271,11 +273,12 @@ def run_processes(cmd: list[str], cwd: str, *, host: str, node_rank: int, nnodes
     processes: list[_Process] = []
     envs = [worker_env(local_rank=local, nproc=nproc, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
                        master_port=master_port, run_id=run_id) for local in range(nproc)]
+    python = split_python(cmd) if preload and nproc > 1 else None
     server = None
     try:
-        if preload and nproc > 1 and split_python(cmd) is not None:
-            server = _Server(split_python(cmd)[0], list(preload), cwd, {k: v for k, v in envs[0].items() if k not in PER_PROCESS},
-                             os.path.join(log_dir, folder, "preload.log"))
+        if python is not None:
+            common = {k: v for k, v in envs[0].items() if k not in PER_PROCESS}
+            server = _Server(python, list(preload), cwd, common, os.path.join(log_dir, folder, "preload.log"))
         for local, env in enumerate(envs):
             processes.append(_Process(cmd, cwd, env, os.path.join(log_dir, folder, "attempt_0", str(local)),
                                       f"[{host}/{env['RANK']}] ", server=server, index=local))

@@ -51,7 +51,7 @@ def _preload(modules: list[str]) -> None:
         stream.flush()
 
 
-def _serve(requests_fd: int, events_fd: int) -> dict | None:
+def _serve(requests_fd: int, events_fd: int) -> dict:
     """Fork one process per request; in a forked process returns its request, in the server never returns."""
     requests = os.fdopen(requests_fd, "rb")
     events = os.fdopen(events_fd, "wb", buffering=0)
@@ -72,8 +72,6 @@ def _serve(requests_fd: int, events_fd: int) -> dict | None:
             pid, status = os.wait()
         except ChildProcessError:
             break
-        except InterruptedError:
-            continue
         children.discard(pid)
         try:
             events.write(f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
