@@ -89,6 +89,17 @@ def host_processes(job, host: str) -> list[int]:
     return found
 
 
+def driver_of(pid: int) -> int:
+    """The host's driver above process `pid` (a rank's parent, or with a preload server its grandparent)."""
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as fh:
+            pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if b"trainyard.container.driver" in fh.read().split(b"\0"):
+                return pid
+    raise AssertionError("no driver above the process")
+
+
 def assert_no_processes_left(job, timeout=10.0):
     within(lambda: not job_processes(job), timeout, interval=0.2)
     assert job_processes(job) == [], f"processes of {job.name} survived"

@@ -8,7 +8,7 @@ import pytest
 
 from trainyard import Estimator
 
-from .helpers import assert_no_processes_left, beat_at_step
+from .helpers import assert_no_processes_left, beat_at_step, driver_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -33,9 +33,7 @@ def test_a_lost_host_is_dropped_and_the_job_goes_on_with_the_same_data():
     est = _est("s3://e2e-elastic/two", 2, max_retry_attempts=1, elastic={"min_instance_count": 1})
     job = est.fit(wait=False)
     beat = beat_at_step(job, "algo-2", 3, 12)
-    with open(f"/proc/{beat['pid']}/stat") as fh:
-        driver = int(fh.read().rsplit(")", 1)[1].split()[1])  # the rank's parent: algo-2's driver
-    os.kill(driver, signal.SIGKILL)  # the host is gone
+    os.kill(driver_of(beat["pid"]), signal.SIGKILL)  # algo-2's driver: the host is gone
     d = job.wait(logs="None")
     assert d["TrainingJobStatus"] == "Completed"
     assert [(a["InstanceCount"], a["Outcome"]) for a in d["Attempts"]] == [(2, "Failed"), (1, "Completed")]
