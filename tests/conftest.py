@@ -72,3 +72,27 @@ def s3_bucket(s3_endpoint, request):
     name = name if len(name) >= 3 else name + "-bucket"
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+def _busy_and_idle() -> tuple[float, float]:
+    """The machine's busy and idle CPU seconds so far, all cores together (/proc/stat's first line)."""
+    with open("/proc/stat") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / hz, idle / hz
+
+
+if os.environ.get("TRAINYARD_SUITE_PROFILE"):  # a JSON line per case: wall seconds, busy and idle core-seconds
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        import json
+        import time
+
+        start, (busy, idle) = time.monotonic(), _busy_and_idle()
+        yield
+        busy2, idle2 = _busy_and_idle()
+        with open(os.environ["TRAINYARD_SUITE_PROFILE"], "a") as fh:
+            fh.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - start, 2),
+                                 "busy": round(busy2 - busy, 1), "idle": round(idle2 - idle, 1)}) + "\n")
