@@ -4,7 +4,7 @@ cases, argv[2] the output JSON; rank 0 writes it).
 
 A case: name, family (tests/engine/families.py), tie, layout (a key of families.LAYOUTS), steps; optional:
 "export" (a folder: save_model writes the adapter there, and rank 0 compares `PeftModel.from_pretrained`'s logits
-with the trained model's), "uri" + "save_at" (a checkpoint of the trainable parameters only at that step),
+with the trained model's), "merged" (a folder: the same for the merged export and `from_pretrained`), "uri" + "save_at" (a checkpoint of the trainable parameters only at that step),
 "base" (a folder: rank 0 writes the base model's weights there before training), "resume" (start from a model of
 other weights, load the base from "base" with load_pretrained, then the checkpoint at "uri"), "refused" (only
 transform on the layout: the ValueError's text, or ""), "dropout" (LoRA's dropout, default 0).
@@ -74,23 +74,28 @@ def train_sharded(case: dict):
         start = te.load_checkpoint(model, opt, uri=case["uri"])
     before = {n: t.clone() for n, t in te.full_state_dict(model).items()}  # plain tensors come back as they are
     losses = {}
+    pipelined = getattr(model, "_trainyard_layout").dims.pp > 1
     for step in range(start + 1, case["steps"] + 1):
         mine = te.rows(model, batch(step, rows))
         x, y = mine[:, :-1], mine[:, 1:]
-        total = torch.zeros(())
-        for i, (xi, yi) in enumerate(zip(x.chunk(MICRO), y.chunk(MICRO))):
-            with te.accumulate(model, i, MICRO):
-                part = te.lm_loss(model(xi), yi) / MICRO
-                part.backward()
-            total += part.detach()
-        losses[step] = te.global_loss(model, total)
+        if pipelined:
+            losses[step] = te.forward_backward(model, x, y, te.lm_loss, microbatches=MICRO)
+        else:
+            total = torch.zeros(())
+            for i, (xi, yi) in enumerate(zip(x.chunk(MICRO), y.chunk(MICRO))):
+                with te.accumulate(model, i, MICRO):
+                    part = te.lm_loss(model(xi), yi) / MICRO
+                    part.backward()
+                total += part.detach()
+            losses[step] = te.global_loss(model, total)
         te.clip_grad_norm_(model, CLIP)
         opt.step()
         opt.zero_grad()
         if step == case.get("save_at"):
             te.save_checkpoint(model, opt, step, uri=case["uri"], trainable_only=True, blocking=True)
-    stateful = sorted(n for n, p in model.named_parameters() if p in opt.state)
-    return model, rows, losses, before, stateful
+    names: list = [None] * dist.get_world_size()  # under a pipeline each rank holds its stage's
+    dist.all_gather_object(names, [n for n, p in model.named_parameters() if p in opt.state])
+    return model, rows, losses, before, sorted(set().union(*names)), pipelined
 
 
 def train_oracle(case: dict, rows: int):
@@ -115,11 +120,18 @@ def run_case(case: dict) -> dict:
         except ValueError as e:
             return {"refused": str(e)}
         return {"refused": ""}
-    model, rows, losses, before, stateful = train_sharded(case)
+    model, rows, losses, before, stateful, pipelined = train_sharded(case)
     state = te.full_state_dict(model)
-    trained = model(probe()).logits.detach()
+    if not pipelined:
+        trained = model(probe()).logits.detach()
+    elif dist.get_rank() == 0:  # no rank holds the whole model: the trained weights in one unsharded copy
+        whole = build(case)
+        whole.load_state_dict(state)
+        trained = whole(probe()).logits.detach()
     if case.get("export"):
         te.save_model(model, case["export"])
+    if case.get("merged"):
+        te.save_model(model, case["merged"], merged=True)
     result: dict = {"losses": losses}
     if dist.get_rank() == 0:
         adapters = sorted(n for n in state if ".lora_" in n)
@@ -139,6 +151,11 @@ def run_case(case: dict) -> dict:
 
             loaded = PeftModel.from_pretrained(base_model(case), case["export"])
             result["export_err"] = (loaded(probe()).logits - trained).abs().max().item()
+        if case.get("merged"):
+            from transformers import AutoModelForCausalLM
+
+            loaded = AutoModelForCausalLM.from_pretrained(case["merged"])
+            result["merged_err"] = (loaded(probe()).logits - trained).abs().max().item()
     dist.barrier()
     return result
 

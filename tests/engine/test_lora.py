@@ -3,9 +3,10 @@ tied embeddings, each under MiCS p=2 and TP=2 x MiCS, train as one unsharded pro
 weights within 1e-5), only the adapters change (the frozen weights bit for bit), only they hold optimizer state;
 the adapter export loads with `PeftModel.from_pretrained` and gives the trained model's logits; a checkpoint of the
 adapters alone, resumed on 1 host x 2 over the base loaded from its safetensors, continues the loss curve. A meta-device
-build starts as its base; refused by name: other adapter types, DoRA, kernels, pipeline parallelism, lora_dropout under
-tensor parallelism, targets that are no linear layer, splits that do not carry onto LoRA layers
-(tests/engine/lora_worker.py)."""
+build starts as its base. An HF Llama under PP=2 x MiCS does the same, its adapter and merged exports hold every
+stage's adapters, and its adapter checkpoint resumes under MiCS, as the MiCS one does as a pipeline. Refused by name: other adapter types, DoRA, kernels,
+a pipeline of tied embeddings, lora_dropout under tensor parallelism, targets that are no linear layer, splits that
+do not carry onto LoRA layers (tests/engine/lora_worker.py)."""
 import json
 import math
 import os
@@ -28,11 +29,16 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
              {"name": "qwen2 tied mics p2", "family": "qwen2", "tie": True, "layout": "mics p2", "steps": 3,
               "export": str(tmp_path / "qwen2-adapter")},
              {"name": "qwen2 tied tp2 x mics", "family": "qwen2", "tie": True, "layout": "tp2 x mics", "steps": 3}]
-    pipelined = {"name": "pp2", "family": "llama", "tie": False, "layout": "pp2 x mics", "refused": True}
+    # the pipeline: each stage a cut of the PEFT model; the exports find the adapters of every stage
+    cases.append({"name": "llama pp2 x mics", "family": "llama", "tie": False, "layout": "pp2 x mics", "steps": 3,
+                  "export": str(tmp_path / "pp-adapter"), "merged": str(tmp_path / "pp-merged"),
+                  "uri": str(tmp_path / "pp-ckpt"), "save_at": 2, "base": str(tmp_path / "pp-base")})
+    tied_pipeline = {"name": "tied pp2", "family": "qwen2", "tie": True, "layout": "pp2 x mics", "refused": True}
     dropping = {"name": "dropout", "family": "llama", "tie": False, "layout": "tp2 x mics", "refused": True,
                 "dropout": 0.1}
-    results = run_on_two_hosts(WORKER, cases + [pipelined, dropping], tmp_path)
-    assert "pipeline_parallel_degree 2: the engine cannot cut peft:hf:LlamaForCausalLM" in results["pp2"]["refused"]
+    results = run_on_two_hosts(WORKER, cases + [tied_pipeline, dropping], tmp_path)
+    assert "pipeline_parallel_degree 2: the engine cannot cut peft:hf:Qwen2ForCausalLM into stages " \
+           "(Qwen2ForCausalLM ties its input embedding and LM head" in results["tied pp2"]["refused"]
     assert "tensor_parallel_degree 2 with lora_dropout > 0" in results["dropout"]["refused"]
     for case in cases:
         got = results[case["name"]]
@@ -42,6 +48,8 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
         assert got["adapters"] == 56 and len(got["stateful"]) == 56 and all(".lora_" in n for n in got["stateful"])
         if "export" in case:
             assert got["export_err"] <= TOL, (case["name"], got["export_err"])
+        if "merged" in case:
+            assert got["merged_err"] <= TOL, (case["name"], got["merged_err"])
     saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert saved["r"] == 4 and saved["peft_type"] == "LORA" and sorted(saved["target_modules"])
     # the checkpoint holds the adapters and their optimizer state, not the frozen base
@@ -54,12 +62,16 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
 
     run = tmp_path / "resume"
     run.mkdir()
-    resumed = run_on_two_hosts(WORKER, [{**cases[0], "resume": True, "export": None}], run, hosts=1)
-    want = results["llama mics p2"]["losses"]
-    got = resumed["llama mics p2"]["losses"]
-    assert sorted(got) == ["3", "4"]
-    assert got == pytest.approx({k: want[k] for k in got}, rel=TOL)
-    assert resumed["llama mics p2"]["frozen_changed"] == []
+    # on 1 host x 2, each checkpoint on the other layout: the MiCS one as a 2-stage pipeline (the base's files read
+    # by each stage), the pipeline's (its stages' adapters) under MiCS
+    resumed = run_on_two_hosts(WORKER, [
+        {**cases[0], "layout": "pp2 x mics", "resume": True, "export": None},
+        {**cases[-1], "layout": "mics p2", "resume": True, "export": None, "merged": None}], run, hosts=1)
+    for name, steps in (("llama mics p2", ["3", "4"]), ("llama pp2 x mics", ["3"])):
+        want, got = results[name]["losses"], resumed[name]["losses"]
+        assert sorted(got) == steps
+        assert got == pytest.approx({k: want[k] for k in got}, rel=TOL)
+        assert resumed[name]["frozen_changed"] == []
 
 
 def test_other_adapters_and_meta_builds_are_refused_by_name(engine):

@@ -586,28 +586,29 @@ def save_model(model: nn.Module, path: str, *, max_shard_size: int = 5 * 2**30, 
     Hugging Face model."""
     par = _layout(model)
     state = full_state_dict(model)
-    if adapters.is_peft(model):
+    root = par.parts[0]  # with several stages on this rank (virtual stages) the model is their RankModel: the
+    if adapters.is_peft(root):  # first stage, a cut copy of the whole model, keeps its class, config and adapters
         if dist.get_rank() == 0:
             if merged:
-                inner = adapters.inner_model(model)
+                inner = adapters.inner_model(root)
                 config = copy.deepcopy(inner.config)
                 config.architectures = [type(inner).__name__]
                 tied = dict(getattr(inner, "_tied_weights_keys", None) or {}) if config.tie_word_embeddings else None
-                hf_weights.write_pretrained(adapters.merged_state(model, state), path, config=config,
+                hf_weights.write_pretrained(adapters.merged_state(root, state), path, config=config,
                                             max_shard_size=max_shard_size, tied=tied)
             else:
-                adapters.write_adapter(model, state, path)
+                adapters.write_adapter(root, state, path)
         dist.barrier()
         return
     # merged=True without adapters: there is nothing to merge, and the model is written as it is
     if dist.get_rank() == 0:
-        config = getattr(model, "config", None) if par.spec.name.startswith("hf:") else None
+        config = getattr(root, "config", None) if par.spec.name.startswith("hf:") else None
         if config is not None:
             config = copy.deepcopy(config)
             config.architectures = [par.spec.name.removeprefix("hf:")]
         tied = None
         if config is not None and getattr(config, "tie_word_embeddings", False):
-            tied = dict(getattr(model, "_tied_weights_keys", None) or {})
+            tied = dict(getattr(root, "_tied_weights_keys", None) or {})
         hf_weights.write_pretrained(state, path, config=config, max_shard_size=max_shard_size, tied=tied)
     dist.barrier()
 
@@ -617,14 +618,16 @@ def load_pretrained(model: nn.Module, path_or_uri: str, *, strict: bool = True) 
     into a transformed model, each rank reading only the byte ranges of its own shards (a collective on
     entry and exit). Returns what this rank read."""
     par = _layout(model)
+    root = par.parts[0]  # the model, or its first stage where the rank holds several (save_model)
+    tensors = hf_weights.model_tensors(model)
+    # a PEFT model: the base model's files, into the weights its LoRA layers wrap (the adapters are not in them)
+    targets = adapters.base_tensors(root, tensors) if adapters.is_peft(root) else None
     elsewhere: frozenset[str] = frozenset()
     if par.dims.pp > 1:  # the other stages' names are the model's too: not "unexpected" in the files
-        mine = set(hf_weights.model_tensors(model))
+        mine = set(tensors if targets is None else targets)  # as the files name them
         stages: list = [None] * par.dims.pp
         dist.all_gather_object(stages, sorted(mine), group=par.dims.mesh.get_group("pp"))
         elsewhere = frozenset(n for names in stages for n in names) - mine
-    # a PEFT model: the base model's files, into the weights its LoRA layers wrap (the adapters are not in them)
-    targets = adapters.base_tensors(model, hf_weights.model_tensors(model)) if adapters.is_peft(model) else None
     report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict, elsewhere=elsewhere, targets=targets)
     dist.barrier()
     return report

@@ -57,6 +57,8 @@ class StageSplit:
     verify: Callable[[nn.Module], None] | None = None
     """Called with the whole model before it is cut: ValueError, naming the model, when its stages would not
     compute what the model computes (e.g. a split run of a small model of the same family differs)."""
+    before_cut: Callable[[nn.Module], None] | None = None
+    """Called with the whole model after `verify`, before it is cut (a PEFT model keeps a meta copy of itself)."""
     context_parallel: bool = False
     """Its stages run under context parallelism as the whole model does: each block takes the rank's zig-zag
     chunks and their global positions by itself (the built-in model's blocks do; an HF model's positions come

@@ -265,6 +265,8 @@ def _cut(model: nn.Module, spec: ModelSpec, dims: ParallelDims, pp_rank: int, pi
                          "without tied embeddings; use tensor or MiCS sharding instead")
     if spec.stages.verify is not None:
         spec.stages.verify(model)
+    if spec.stages.before_cut is not None:
+        spec.stages.before_cut(model)
     pipeline = pipeline or PipelineConfig(microbatches=dims.pp)
     num_stages = dims.pp * pipeline.virtual_stages
     stages = rank_stages(pp_rank, dims.pp, pipeline.virtual_stages)

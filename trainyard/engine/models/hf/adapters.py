@@ -14,21 +14,29 @@ extra) as a registered spec: the spec of the model underneath, with its TP plan 
   `init_lora_weights=True` does (A as nn.Linear's default, kaiming-uniform with a = sqrt(5); B zero: the adapted
   model starts as the base), module by module as every meta build is; then `load_pretrained` fills the base.
   Other `init_lora_weights` on a meta build are refused by name.
-- No pipeline or context parallelism (refused by name), no experts.
+- Pipeline parallelism: the base model's stage split (models/hf/spec.py) under the PEFT model's prefix, each stage
+  running the base model's own stage forward, into which a PEFT model's forward hands a LoRA model's inputs
+  unchanged. The base model's refusals (tied embeddings, a class whose split is not exact) are the PEFT model's.
+  Before the cut, a copy of the whole PEFT model on the meta device is left on the model (and so on each stage):
+  the exports (adapter folder, merged weights) find every LoRA layer in it, where a stage holds only its own.
+- No context parallelism (refused by name), no experts.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import os
 import sys
 import tempfile
 
+import torch
 from torch import nn
 
 from trainyard.engine.distributed.tp import _matches
 from trainyard.engine.models.hf import spec as hf_spec
 from trainyard.engine.models.hf.weights import _check_uri, _fs, _is_local, _put
-from trainyard.engine.protocols import ModelSpec
+from trainyard.engine.protocols import ModelSpec, StageSplit
 
 
 def _peft():
@@ -93,13 +101,34 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     _mark_adapters(model)
     return ModelSpec(name=f"peft:{base.name}", blocks=lambda root: base.blocks(inner_model(root)), tp_plan=tp_plan,
                      tp_plan_source=f"{base.tp_plan_source}, carried onto its LoRA layers", check_tp=check_tp,
-                     no_stages="the pipeline cuts the Hugging Face model's own forward, which a PEFT model wraps; "
-                               "train its adapters with MiCS and tensor parallelism",
+                     stages=None if base.stages is None else _stages(base.stages, prefix), no_stages=base.no_stages,
                      note=base.note, init_module=lambda template: _initialiser(template, base))
+
+
+def _stages(split: StageSplit, prefix: str) -> StageSplit:
+    """The base model's stage split as the PEFT model's: its paths under `prefix`, and each stage running the base
+    model's stage forward on the Hugging Face model inside the stage (module docstring)."""
+    def under(paths: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(f"{prefix}.{p}" for p in paths)
+
+    def forward(part: nn.Module, x):
+        inner = inner_model(part)
+        source = getattr(part, "trainyard_stage_input", None)  # what cut_stage gave the stage's root for the
+        if source is not None:                                  # placeholders: the base forward reads it there
+            inner.trainyard_stage_input = source
+        return split.forward(inner, x)
+
+    return dataclasses.replace(split, blocks=f"{prefix}.{split.blocks}", first=under(split.first),
+                               last=under(split.last), identity=under(split.identity),
+                               forward=forward if split.forward is not None else None,
+                               verify=(lambda root: split.verify(inner_model(root))) if split.verify else None,
+                               before_cut=keep_whole)
 
 
 # which side of an adapter a module is, kept on the module itself: the meta build's initialiser gets copies
 _SIDE = "_trainyard_lora_side"
+# on each pipeline stage of a PEFT model: the whole model on the meta device (module docstring)
+_WHOLE = "_trainyard_whole_model"
 
 
 def _mark_adapters(model: nn.Module) -> None:
@@ -109,6 +138,27 @@ def _mark_adapters(model: nn.Module) -> None:
             for side in ("lora_A", "lora_B"):
                 for adapter in getattr(module, side).values():
                     setattr(adapter, _SIDE, side)
+
+
+def keep_whole(model: nn.Module) -> None:
+    """Before a PEFT model is cut into pipeline stages: a copy of it on the meta device (its weights not copied), kept
+    on the model and so on every stage cut from it, unregistered (no parameters, checkpoints or hooks see it)."""
+    memo: dict = {}
+    for module in model.modules():
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if id(t) not in memo:
+                empty = torch.empty_like(t, device="meta")
+                memo[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    object.__setattr__(model, _WHOLE, None)  # not copied into itself
+    whole = copy.deepcopy(model, memo)
+    object.__setattr__(model, _WHOLE, whole)
+
+
+def whole_model(model: nn.Module) -> nn.Module:
+    """The whole PEFT model: `model`, or for a pipeline stage the meta copy `keep_whole` left on it. PEFT finds the
+    adapters to save by visiting the model's LoRA layers, and a stage holds only its own."""
+    whole = getattr(model, _WHOLE, None)
+    return model if whole is None else whole
 
 
 def _initialiser(template: nn.Module, base: ModelSpec):
@@ -191,7 +241,7 @@ def merged_state(model: nn.Module, state: dict) -> dict:
     lora_layer = _peft().tuners.lora.LoraLayer
     prefix = _prefix(model)
     merged = {base_name(prefix, n): t.clone() for n, t in state.items() if not is_adapter_name(n)}
-    for name, module in model.named_modules():
+    for name, module in whole_model(model).named_modules():  # every LoRA layer, whichever stage holds it
         if not isinstance(module, lora_layer):
             continue
         weight = base_name(prefix, f"{name}.base_layer.weight")
@@ -213,8 +263,8 @@ def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
     if _is_local(fs):
         os.makedirs(root, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
-        model.save_pretrained(staging, state_dict={n: t for n, t in state.items() if is_adapter_name(n)},
-                              safe_serialization=True, save_embedding_layers=False)
+        whole_model(model).save_pretrained(staging, state_dict={n: t for n, t in state.items() if is_adapter_name(n)},
+                                           safe_serialization=True, save_embedding_layers=False)
         names = sorted(os.listdir(staging))
         for name in names:
             with open(os.path.join(staging, name), "rb") as f:
