@@ -40,6 +40,8 @@ LAYOUTS = {
     "mics p2": {"mics": {"partition_group_size": 2}},
     "tp2 x mics": {"tensor_parallel_degree": 2},
     "pp2 x mics": {"pipeline_parallel_degree": 2},
+    # 2 stages a rank (4 in all), interleaved
+    "pp2 v2 x mics": {"pipeline_parallel_degree": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b"},
     "tp2": {"tensor_parallel_degree": 2},
     # the partition group: 2 data-parallel x 2 context-parallel ranks, spanning the hosts
     "cp2 x mics": {"context_parallel_degree": 2, "mics": {"partition_group_size": 2}},

@@ -3,7 +3,7 @@ tied embeddings, each under MiCS p=2 and TP=2 x MiCS, train as one unsharded pro
 weights within 1e-5), only the adapters change (the frozen weights bit for bit), only they hold optimizer state;
 the adapter export loads with `PeftModel.from_pretrained` and gives the trained model's logits; a checkpoint of the
 adapters alone, resumed on 1 host x 2 over the base loaded from its safetensors, continues the loss curve. A meta-device
-build starts as its base. An HF Llama under PP=2 x MiCS does the same, its adapter and merged exports hold every
+build starts as its base. An HF Llama under PP=2 (2 interleaved stages a rank) x MiCS does the same, its adapter and merged exports hold every
 stage's adapters, and its adapter checkpoint resumes under MiCS, as the MiCS one does as a pipeline. Refused by name: other adapter types, DoRA, kernels,
 a pipeline of tied embeddings, lora_dropout under tensor parallelism, targets that are no linear layer, splits that
 do not carry onto LoRA layers (tests/engine/lora_worker.py)."""
@@ -29,8 +29,8 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
              {"name": "qwen2 tied mics p2", "family": "qwen2", "tie": True, "layout": "mics p2", "steps": 3,
               "export": str(tmp_path / "qwen2-adapter")},
              {"name": "qwen2 tied tp2 x mics", "family": "qwen2", "tie": True, "layout": "tp2 x mics", "steps": 3}]
-    # the pipeline: each stage a cut of the PEFT model; the exports find the adapters of every stage
-    cases.append({"name": "llama pp2 x mics", "family": "llama", "tie": False, "layout": "pp2 x mics", "steps": 3,
+    # the pipeline, 2 stages a rank: each stage a cut of the PEFT model; the exports find the adapters of every stage
+    cases.append({"name": "llama pp2 x mics", "family": "llama", "tie": False, "layout": "pp2 v2 x mics", "steps": 3,
                   "export": str(tmp_path / "pp-adapter"), "merged": str(tmp_path / "pp-merged"),
                   "uri": str(tmp_path / "pp-ckpt"), "save_at": 2, "base": str(tmp_path / "pp-base")})
     tied_pipeline = {"name": "tied pp2", "family": "qwen2", "tie": True, "layout": "pp2 x mics", "refused": True}
