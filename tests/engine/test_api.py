@@ -14,7 +14,7 @@ from trainyard.engine.distributed.tp import check_plan, resolve_plan
 from trainyard.engine.models.registry import resolve_spec
 
 from .api_worker import ResidualMLP, build, loss_fn, probe
-from .launch import run_on_two_hosts
+from .launch import HF, run_on_two_hosts
 
 WORKER = os.path.join(os.path.dirname(__file__), "api_worker.py")
 
@@ -272,7 +272,7 @@ def test_layouts_match_a_single_process_oracle(tmp_path):
                 "distribution": {"pipeline_parallel_degree": 2}}
     prelu = {"name": "prelu under tp", "kind": "refused", "model": "prelu", "distribution": {"tensor_parallel_degree": 2}}
     results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2} for c in cases] + [evaluate, prelu],
-                               tmp_path)
+                               tmp_path, preload=HF)
     # a parameter between the column- and the row-parallel layer, outside the plan: refused after the first backward
     assert "stack.0.2.weight, stack.1.2.weight, stack.2.2.weight, stack.3.2.weight got different gradients on the " \
            "ranks of one tensor-parallel group" in results["prelu under tp"]["refused"], results["prelu under tp"]
@@ -292,7 +292,7 @@ def test_checkpoint_resumes_on_another_host_layout_with_the_same_losses(tmp_path
     def run(name: str, hosts: int, steps: int, save_at: int) -> dict:
         (tmp_path / name).mkdir()
         return run_on_two_hosts(WORKER, [{"name": "c", "kind": "curve", "model": "hf", "uri": uri, "steps": steps,
-                                          "save_at": save_at}], tmp_path / name, hosts=hosts)["c"]
+                                          "save_at": save_at}], tmp_path / name, hosts=hosts, preload=HF)["c"]
 
     whole = run("whole", 2, 6, 2)["losses"]
     for name, hosts, start, steps in (("on-1-host", 1, 2, 4), ("on-2-hosts", 2, 4, 6)):
@@ -314,7 +314,7 @@ def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_pat
          "dir": str(out)},
         {"name": "reload pp2", "kind": "reload", "distribution": {"pipeline_parallel_degree": 2}, "dir": str(out)},
         {"name": "busy", "kind": "busy", "uri": str(tmp_path / "ckpt")}],
-        tmp_path)
+        tmp_path, preload=HF)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     loaded = AutoModelForCausalLM.from_pretrained(str(out))
     want = torch.load(out / "probe.pt")

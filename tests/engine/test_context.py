@@ -301,7 +301,7 @@ CP_ALONE = [
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cp2_alone_matches_the_single_process_oracle(tmp_path):
-    from .launch import run_on_two_hosts
+    from .launch import HF, run_on_two_hosts
 
     # the HF case also checkpoints step 2, and a run on cp 1 (2 data-parallel ranks) resumes from it: its step 3
     # is the uninterrupted oracle's
@@ -314,7 +314,7 @@ def test_cp2_alone_matches_the_single_process_oracle(tmp_path):
                      distribution={"context_parallel_degree": 2}),
                 dict(name="hf-labels", refused=True, loop="hf-labels", model="hf", microbatches=1,
                      distribution={"context_parallel_degree": 2})]
-    results = run_on_two_hosts(_worker(), cases + refusals, tmp_path, processes_per_host=2, hosts=1)
+    results = run_on_two_hosts(_worker(), cases + refusals, tmp_path, processes_per_host=2, hosts=1, preload=HF)
     forgot = results.pop("forgot-sequence-shard")
     assert "this rank's input has 32 tokens per row, not its chunks of the sequence (te.sequence_shard cut " in \
         forgot and "call x, y = te.sequence_shard(model, x, y) before the forward" in forgot, forgot
@@ -346,9 +346,9 @@ RING_METER = dict(name="cp2-ring-meter", distribution={"context_parallel_degree"
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cp2_with_mics_on_two_hosts_matches_the_single_process_oracle(tmp_path):
-    from .launch import run_on_two_hosts
+    from .launch import HF, run_on_two_hosts
 
-    results = run_on_two_hosts(_worker(), CP_MICS + [RING_METER], tmp_path, processes_per_host=2, hosts=2)
+    results = run_on_two_hosts(_worker(), CP_MICS + [RING_METER], tmp_path, processes_per_host=2, hosts=2, preload=HF)
     ring = results.pop(RING_METER["name"])
     _assert_exact(results, CP_MICS)
     # the comm meter counts the ring's sends, on the cp dimension, inside each host (cp is innermost but for tp):
@@ -372,6 +372,6 @@ CP_TP = [
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cp2_with_tp2_matches_the_single_process_oracle(tmp_path):
-    from .launch import run_on_two_hosts
+    from .launch import HF, run_on_two_hosts
 
-    _assert_exact(run_on_two_hosts(_worker(), CP_TP, tmp_path, processes_per_host=4, hosts=1), CP_TP)
+    _assert_exact(run_on_two_hosts(_worker(), CP_TP, tmp_path, processes_per_host=4, hosts=1, preload=HF), CP_TP)

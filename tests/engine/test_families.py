@@ -15,7 +15,7 @@ from trainyard.engine.models.hf.families import TRANSFORMERS_BELOW, TRANSFORMERS
 
 from . import families as F
 from .family_worker import run_case
-from .launch import run_on_two_hosts
+from .launch import HF, run_on_two_hosts
 
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-4
 WORKER = os.path.join(os.path.dirname(__file__), "family_worker.py")
@@ -127,8 +127,8 @@ def test_every_layout_is_exact_or_refused_by_name(tmp_path):
     export = tmp_path / "export"
     export.mkdir()
     (tmp_path / "tp").mkdir()
-    results = run_on_two_hosts(WORKER, F.matrix_cases(export), tmp_path)
-    results.update(run_on_two_hosts(WORKER, F.tied_tp_cases(), tmp_path / "tp", hosts=1))
+    results = run_on_two_hosts(WORKER, F.matrix_cases(export), tmp_path, preload=HF)
+    results.update(run_on_two_hosts(WORKER, F.tied_tp_cases(), tmp_path / "tp", hosts=1, preload=HF))
     refusals = {name: r["refused"] for name, r in results.items() if "refused" in r}
     windowed = {"mistral", "gemma2", "gemma3_text", "starcoder2"}  # context parallelism: the ring has no window
     assert refusals.keys() == {"gpt2|tp2 x mics|real", "gpt2|tp2|meta, tied", "gpt2|pp2 x mics|real, untied",

@@ -12,7 +12,7 @@ import trainyard.engine as te
 from trainyard.engine.models.fused import LMHidden, backend_of
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model
 
-from .launch import run_on_two_hosts
+from .launch import HF, run_on_two_hosts
 
 STEPS = 3
 REL = 1e-4
@@ -164,6 +164,6 @@ def test_sharded_layouts_with_kernels_match_the_single_process_oracle(tmp_path):
          "distribution": {"tensor_parallel_degree": 2, "mics": {"partition_group_size": 2}}},
     ]
     results = run_on_two_hosts(WORKER, [{**c, "kind": "oracle", "microbatches": 2, "kernels": "eager"}
-                                        for c in cases], tmp_path)
+                                        for c in cases], tmp_path, preload=HF)
     for case in cases:  # the same bound as without kernels (test_api.py): the ops change rounding only
         assert results[case["name"]]["worst_rel_err"] < 1e-5, (case["name"], results[case["name"]])

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from .launch import run_on_two_hosts
+from .launch import HF, run_on_two_hosts
 
 WORKER = os.path.join(os.path.dirname(__file__), "lora_worker.py")
 TOL = 1e-5
@@ -36,7 +36,7 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
     tied_pipeline = {"name": "tied pp2", "family": "qwen2", "tie": True, "layout": "pp2 x mics", "refused": True}
     dropping = {"name": "dropout", "family": "llama", "tie": False, "layout": "tp2 x mics", "refused": True,
                 "dropout": 0.1}
-    results = run_on_two_hosts(WORKER, cases + [tied_pipeline, dropping], tmp_path)
+    results = run_on_two_hosts(WORKER, cases + [tied_pipeline, dropping], tmp_path, preload=HF)
     assert "pipeline_parallel_degree 2: the engine cannot cut peft:hf:Qwen2ForCausalLM into stages " \
            "(Qwen2ForCausalLM ties its input embedding and LM head" in results["tied pp2"]["refused"]
     assert "tensor_parallel_degree 2 with lora_dropout > 0" in results["dropout"]["refused"]
@@ -66,7 +66,7 @@ def test_lora_on_llama_and_tied_qwen2_matches_one_process_exports_and_resumes_on
     # by each stage), the pipeline's (its stages' adapters) under MiCS
     resumed = run_on_two_hosts(WORKER, [
         {**cases[0], "layout": "pp2 x mics", "resume": True, "export": None},
-        {**cases[-1], "layout": "mics p2", "resume": True, "export": None, "merged": None}], run, hosts=1)
+        {**cases[-1], "layout": "mics p2", "resume": True, "export": None, "merged": None}], run, hosts=1, preload=HF)
     for name, steps in (("llama mics p2", ["3", "4"]), ("llama pp2 x mics", ["3"])):
         want, got = results[name]["losses"], resumed[name]["losses"]
         assert sorted(got) == steps

@@ -350,7 +350,7 @@ def _assert_exact(results: dict, names) -> None:
 def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
     """1 host x 2: each rank holds 2 of the 4 experts (the rest of the model ZeRO-3 over the 2); a dense model
     under expert parallelism is refused by name."""
-    from .launch import run_on_two_hosts
+    from .launch import HF, run_on_two_hosts
 
     cases = [dict(name="ep2-accum2", distribution={"expert_parallel_degree": 2}, microbatches=2),
              dict(name="dense-ep2", dense=True, refused=True, distribution={"expert_parallel_degree": 2},
@@ -359,7 +359,7 @@ def test_ep2_alone_matches_the_single_process_oracle(tmp_path):
              # the mixture of experts under context parallelism: the load-balancing loss counts both ranks' tokens
              dict(name="moe-cp2", distribution={"context_parallel_degree": 2}, microbatches=2),
              dict(name="hf-mixtral-ep2", hf="mixtral", distribution={"expert_parallel_degree": 2}, microbatches=2)]
-    results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1)
+    results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=1, preload=HF)
     assert "expert_parallel_degree 2: llama has no mixture-of-experts layers" in results.pop("dense-ep2")
     # the comm meter against the formula: with every token routed to experts 0 and 1 (rank 0's), rank 1 sends its
     # T x top_k rows to rank 0 and rank 0 sends them back, forward, and the same again backward (the gradients):
@@ -382,7 +382,7 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
     over the 4 ranks' tokens); an HF model's load-balancing loss under pipeline parallelism and its experts under
     tensor parallelism are refused; checkpoints saved on EP 2 resume on EP 1 and
     the reverse, on the uninterrupted curve."""
-    from .launch import run_on_two_hosts
+    from .launch import HF, run_on_two_hosts
 
     on2, on1, on_tp = (str(tmp_path / f"saved-on-{name}") for name in ("ep2", "ep1", "ep2-tp2"))
     mics = {"mics": {"partition_group_size": 2}}
@@ -413,7 +413,7 @@ def test_ep2_with_mics_on_two_hosts_matches_the_oracle_and_resumes_across_ep_deg
                   microbatches=2),
              dict(name="hf-mixtral-tp2", hf="mixtral", refused=True,
                   distribution={"tensor_parallel_degree": 2, "expert_parallel_degree": 2}, microbatches=1)]
-    results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2)
+    results = run_on_two_hosts(_worker(), cases, tmp_path, processes_per_host=2, hosts=2, preload=HF)
     assert results.pop("hf-mixtral-pp2").startswith("output_router_logits with pipeline_parallel_degree 2: "
                                                     "MixtralForCausalLM's load-balancing loss")
     assert results.pop("hf-mixtral-tp2").startswith("tensor_parallel_degree 2 with MixtralForCausalLM's 4 experts: "

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from trainyard.engine.models.hf.weights import (INDEX_FILE, SINGLE_FILE, WeightNamesError, load_pretrained_into,
                                                 write_pretrained)
 
-from .launch import run_on_two_hosts
+from .launch import HF, run_on_two_hosts
 
 WORKER = os.path.join(os.path.dirname(__file__), "weights_worker.py")
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -161,7 +161,7 @@ def test_sharded_models_read_only_their_rows(tmp_path, s3_bucket):
     save(llama(0, **config, tie_word_embeddings=True), s3)
     cases = [dict(name="fsdp2xtp2", source=local, layout="fsdp2xtp2", config=config),
              dict(name="fsdp4", source=s3, layout="fsdp4", config={**config, "tie_word_embeddings": True})]
-    results = run_on_two_hosts(WORKER, cases, tmp_path, processes_per_host=2)
+    results = run_on_two_hosts(WORKER, cases, tmp_path, processes_per_host=2, preload=HF)
     total = {"fsdp2xtp2": sum(t.numel() * 4 for t in llama(0, **config).state_dict().values()),
              "fsdp4": sum(t.numel() * 4 for t in llama(0, **config, tie_word_embeddings=True).parameters())}
     for name, got in results.items():
