@@ -153,3 +153,49 @@ def test_lora_targets_that_match_no_linear_layer_and_unsplittable_tp_layers_are_
                                          r"colwise_gather_output, rowwise_split_input; .*leave down_proj, "
                                          r"gate_up_proj, o_proj, qkv_proj out of the targets"):
         adapters.lora_plan(phi3, "base_model.model", plan)
+
+
+def test_frozen_weights_stay_frozen_through_every_tensor_parallel_style(engine):
+    """torch's SequenceParallel (the engine's replicated_with_grad_allreduce: Qwen3's q/k norms) makes its weights
+    new Parameters that require grad: under LoRA a frozen norm trained (a user's check, 2 processes, TP=2)."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainyard.engine.distributed.tp import STYLE_NAMES, apply_tp_plan
+
+    linear = {"colwise", "rowwise", "colwise_gather_output", "colwise_rep", "rowwise_split_input"}
+    model = nn.ModuleDict({s: nn.Linear(8, 8) if s in linear else nn.Embedding(8, 8) if s == "embedding_rowwise"
+                           else nn.LayerNorm(8) for s in STYLE_NAMES})
+    trained = {"colwise", "sequence_parallel"}  # one of each kind stays trainable: only the frozen are turned off
+    for style, module in model.items():
+        module.requires_grad_(style in trained)
+    apply_tp_plan(model, init_device_mesh("cpu", (1,)), {s: s for s in STYLE_NAMES})
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == \
+        {f"{s}.{w}" for s in trained for w in ("weight", "bias")}
+
+
+@pytest.mark.parametrize("bias", ["lora_only", "all"])
+def test_the_adapter_export_holds_the_biases_lora_trains(engine, tmp_path, bias):
+    """With `bias` set, PEFT's adapter holds the biases it trains; the export used to keep the LoRA weights alone, and
+    the folder loaded with other logits (a user's check)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trainyard.engine as te
+
+    from . import families
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(families.config("qwen2", tie=False)).save_pretrained(tmp_path / "base")
+    model = te.transform(get_peft_model(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+                                        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj"], bias=bias)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, families.VOCAB, (4, 9))
+    for _ in range(2):
+        te.forward_backward(model, x[:, :-1], x[:, 1:], te.lm_loss, microbatches=1)
+        opt.step()
+        opt.zero_grad()
+    te.save_model(model, str(tmp_path / "adapter"))
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+    with torch.no_grad():
+        assert torch.equal(loaded(x).logits, model(x).logits)

@@ -115,5 +115,11 @@ def apply_tp_plan(model: nn.Module, tp_mesh, plan: dict, source: str = "tp_plan"
         raise ValueError(f"{source} matches no module of {type(model).__name__}: patterns {sorted(plan)}; module "
                          "paths look like 'layers.0.attn.proj' (see model.named_modules())")
     check_plan(model, resolved, tp_mesh.size(), source)
+    # torch's styles make new Parameters, and some (SequenceParallel's replicated weights: the q/k norms of Qwen3's
+    # plan) drop requires_grad: a frozen weight (under LoRA, or frozen by the user) would train
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     parallelize_module(model, tp_mesh, {fqn: style_of(style, fqn, source) for fqn, style in resolved.items()})
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
     return resolved

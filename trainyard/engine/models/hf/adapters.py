@@ -263,8 +263,9 @@ def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
     if _is_local(fs):
         os.makedirs(root, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:
-        whole_model(model).save_pretrained(staging, state_dict={n: t for n, t in state.items() if is_adapter_name(n)},
-                                           safe_serialization=True, save_embedding_layers=False)
+        # the whole state: PEFT selects what the adapter holds (the LoRA weights, and the biases `bias` trains)
+        whole_model(model).save_pretrained(staging, state_dict=state, safe_serialization=True,
+                                           save_embedding_layers=False)
         names = sorted(os.listdir(staging))
         for name in names:
             with open(os.path.join(staging, name), "rb") as f:
