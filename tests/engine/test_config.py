@@ -177,3 +177,21 @@ def test_fine_tuning_options_are_checked_by_name(values, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**values)
     TrainConfig(model="hf", task="sft", lora_r=8, lora_targets="q_proj,v_proj")  # and a valid one passes
+
+
+@pytest.mark.parametrize("values, distribution, message", [
+    ({"task": "sft"}, {"pipeline_parallel_degree": 2}, "task sft: pipeline_parallel_degree 2 and context_parallel"),
+    ({"task": "sft"}, {"context_parallel_degree": 2}, "task sft: pipeline_parallel_degree 1 and context_parallel_"
+                                                      "degree 2"),
+    ({"lora_r": 4, "lora_dropout": 0.1}, {"tensor_parallel_degree": 2}, "lora_dropout 0.1 with tensor_parallel_"),
+])
+def test_fine_tuning_layouts_the_trainer_refuses_are_refused_with_the_distribution(values, distribution, message):
+    """Before the job starts (the Estimator reconciles the hyperparameters with the distribution), not at rank 0
+    after the hosts were launched (a user's trial)."""
+    from trainyard.engine.config import reconcile_distribution
+    from trainyard.parallel.parallelism import Parallelism
+
+    cfg = TrainConfig(model="hf", global_batch_size=8, micro_batch_size=1, **values)
+    with pytest.raises(ValueError, match=message):
+        reconcile_distribution(cfg, Parallelism.parse(distribution), world_size=4)
+    reconcile_distribution(cfg, Parallelism.parse({}), world_size=4)  # the same options on MiCS alone pass

@@ -10,6 +10,7 @@ do not carry onto LoRA layers (tests/engine/lora_worker.py)."""
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -199,3 +200,73 @@ def test_the_adapter_export_holds_the_biases_lora_trains(engine, tmp_path, bias)
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
     with torch.no_grad():
         assert torch.equal(loaded(x).logits, model(x).logits)
+
+
+def test_the_merged_export_puts_a_trained_copy_of_modules_to_save_in_the_modules_place(engine, tmp_path):
+    """modules_to_save=["lm_head"]: the merged folder held the copy under PEFT's names and no lm_head.weight, and
+    from_pretrained made a new head with a warning (a user's check: logits 1.97 apart)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trainyard.engine as te
+
+    from . import families
+
+    torch.manual_seed(0)
+    model = te.transform(get_peft_model(AutoModelForCausalLM.from_config(families.config("mistral", tie=False)),
+                                        LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, families.VOCAB, (4, 9))
+    te.forward_backward(model, x[:, :-1], x[:, 1:], te.lm_loss, microbatches=1)
+    opt.step()
+    te.save_model(model, str(tmp_path / "merged"), merged=True)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert not any("modules_to_save" in n or "original_module" in n for n, _ in loaded.named_parameters())
+    with torch.no_grad():
+        assert (loaded(x).logits - model(x).logits).abs().max() <= 1e-5
+
+
+def test_a_pipeline_of_a_peft_model_that_wraps_its_head_is_refused_naming_the_head():
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trainyard.engine.models.registry import resolve_spec
+
+    from . import families
+
+    for config, how in ((LoraConfig(r=4, target_modules=["lm_head", "q_proj"]), "wraps its LM head in a LoRA layer"),
+                        (LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]),
+                         r"trains a whole copy of its LM head \(modules_to_save\)")):
+        spec = resolve_spec(get_peft_model(AutoModelForCausalLM.from_config(families.config("llama", tie=False)),
+                                           config))
+        assert spec.stages is None
+        assert re.search(f"the PEFT model {how}.*leave lm_head out of target_modules", spec.no_stages), spec.no_stages
+    plain = get_peft_model(AutoModelForCausalLM.from_config(families.config("llama", tie=False)),
+                           LoraConfig(r=4, target_modules=["q_proj"]))
+    assert resolve_spec(plain).stages is not None
+
+
+def test_a_checkpoint_of_other_adapters_is_refused_as_another_models_not_skipped_as_damaged(engine, tmp_path):
+    """An r=4 checkpoint resumed into an r=8 model was called damaged and skipped, and the advice was to move it away
+    (a user's trial): the step is whole, and the model is another."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trainyard.engine as te
+    from trainyard.engine.components import checkpoint as ckpt
+
+    from . import families
+
+    def lora(r):
+        torch.manual_seed(0)
+        model = te.transform(get_peft_model(AutoModelForCausalLM.from_config(families.config("llama", tie=False)),
+                                            LoraConfig(r=r, target_modules=["q_proj"])))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    uri = str(tmp_path / "ckpt")
+    te.save_checkpoint(*lora(4), 3, uri=uri, trainable_only=True, blocking=True)
+    with pytest.raises(ValueError, match=r"holds base_model\.model\.model\.layers\.\d\.self_attn\.q_proj\.lora_\w\."
+                                         r"default\.weight of shape \[\d+, \d+\] where this model's is \[\d+, \d+\] "
+                                         r"\(7 more differ\): it was saved from another model or with other adapters"):
+        te.load_checkpoint(*lora(8), uri=uri)
+    assert ckpt.committed_steps(uri) == [3]

@@ -300,6 +300,14 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
         from_config(mcfg).check_tp(par.tp, cfg.seq_len)
         check_experts(ep=par.ep, tp=par.tp, pp=par.pp, n_experts=mcfg.n_experts, model=cfg.model)
     check_cp(cp=par.cp, seq_len=cfg.seq_len, tp=par.tp)
+    if cfg.task == "sft" and (par.pp > 1 or par.cp > 1):
+        raise ValueError(f"task sft: pipeline_parallel_degree {par.pp} and context_parallel_degree {par.cp}: "
+                         "fine-tuning runs its examples through the model's own forward with their positions; "
+                         "set both to 1 and use MiCS and tensor parallelism")
+    if cfg.lora_r and cfg.lora_dropout and par.tp > 1:  # the engine refuses it too (models/hf/adapters.py)
+        raise ValueError(f"lora_dropout {cfg.lora_dropout:g} with tensor_parallel_degree {par.tp}: each rank would "
+                         "drop other elements of the input a column-wise layer's whole A sees, and A's copies would "
+                         "train apart; set lora_dropout to 0 or tensor_parallel_degree to 1")
     if par.pp > 1:
         check_pipeline(pp=par.pp, schedule=par.pipeline_schedule, virtual_stages=par.virtual_stages,
                        microbatches=accum, split=par.pipeline_split,

@@ -149,11 +149,7 @@ class Trainer:
         """The chat examples of the dataset channel, rendered with the model channel's tokenizer and chat template."""
         from transformers import AutoTokenizer
 
-        dims, cfg = self.layout.dims, self.cfg
-        if dims.pp > 1 or dims.cp > 1:
-            raise ValueError(f"task sft: pipeline_parallel_degree {dims.pp} and context_parallel_degree {dims.cp}: "
-                             "fine-tuning runs its examples through the model's own forward with their positions; "
-                             "set both to 1 and use MiCS and tensor parallelism")
+        cfg = self.cfg  # a pipeline or context parallelism was refused with the config (reconcile_distribution)
         if cfg.dataset == "synthetic":
             raise ValueError("task sft: dataset is synthetic; name the input channel of your .jsonl chat examples "
                              "(dataset=train)")

@@ -152,6 +152,15 @@ def _saved_part(model: nn.Module, metadata, target: str, warn) -> set[str] | Non
     saved with trainable_only and holds every parameter that trains here (the others keep their weights, said on
     rank 0). A step without some trainable parameter is refused, naming them."""
     saved, names = saved_model_names(metadata), {n for n, _ in model.named_parameters()}
+    resized = [(n, tuple(size), tuple(p.shape)) for n, p in model.named_parameters()
+               if (size := getattr(metadata.state_dict_metadata.get(f"app.model.{n}"), "size", None)) is not None
+               and tuple(size) != tuple(p.shape)]
+    if resized:  # not damage: the step is whole, and another model's (told apart here, before DCP's size check)
+        name, theirs, ours = resized[0]
+        raise ValueError(f"checkpoint {target} holds {name} of shape {list(theirs)} where this model's is {list(ours)}"
+                         f"{f' ({len(resized) - 1} more differ)' if len(resized) > 1 else ''}: it was saved from "
+                         "another model or with other adapters (another lora_r?); resume from a checkpoint of this "
+                         "model, or give this job another checkpoint location")
     if names <= saved:
         return None
     missing = sorted(trainable_names(model) - saved)

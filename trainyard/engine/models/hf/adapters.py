@@ -101,8 +101,23 @@ def spec_for(model: nn.Module) -> ModelSpec | None:
     _mark_adapters(model)
     return ModelSpec(name=f"peft:{base.name}", blocks=lambda root: base.blocks(inner_model(root)), tp_plan=tp_plan,
                      tp_plan_source=f"{base.tp_plan_source}, carried onto its LoRA layers", check_tp=check_tp,
-                     stages=None if base.stages is None else _stages(base.stages, prefix), no_stages=base.no_stages,
+                     stages=None if base.stages is None else _stages(base.stages, prefix),
+                     no_stages=_wrapped_head(inner) or base.no_stages,
                      note=base.note, init_module=lambda template: _initialiser(template, base))
+
+
+def _wrapped_head(inner: nn.Module) -> str | None:
+    """Why a pipeline cannot cut the model when PEFT wrapped its LM head (the base model's split wants the head an
+    nn.Linear, and would say only that it is not one), else None."""
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if head is None or isinstance(head, nn.Linear):
+        return None
+    how = "trains a whole copy of its LM head (modules_to_save)" if type(head).__name__ == "ModulesToSaveWrapper" \
+        else "wraps its LM head in a LoRA layer" if isinstance(head, _peft().tuners.lora.LoraLayer) else None
+    if how is None:
+        return None
+    return (f"the PEFT model {how}, and the pipeline's last stage takes the head as an nn.Linear; leave lm_head out "
+            "of target_modules / lora_targets and modules_to_save to pipeline it")
 
 
 def _stages(split: StageSplit, prefix: str) -> StageSplit:
@@ -242,6 +257,8 @@ def merged_state(model: nn.Module, state: dict) -> dict:
     prefix = _prefix(model)
     merged = {base_name(prefix, n): t.clone() for n, t in state.items() if not is_adapter_name(n)}
     for name, module in whole_model(model).named_modules():  # every LoRA layer, whichever stage holds it
+        if type(module).__name__ == "ModulesToSaveWrapper":
+            _merge_saved_copy(merged, base_name(prefix, name), module)
         if not isinstance(module, lora_layer):
             continue
         weight = base_name(prefix, f"{name}.base_layer.weight")
@@ -252,6 +269,21 @@ def merged_state(model: nn.Module, state: dict) -> dict:
                 delta = delta.T
             merged[weight] = (merged[weight].float() + delta).to(merged[weight].dtype)
     return merged
+
+
+def _merge_saved_copy(merged: dict, name: str, wrapper: nn.Module) -> None:
+    """A module PEFT trains a whole copy of (`modules_to_save`), in `merged` (by the base model's names) as the base
+    model's module: the active adapter's copy under the module's own name, the frozen original and other copies
+    dropped."""
+    active = wrapper.active_adapters
+    if len(active) != 1:
+        raise ValueError(f"save_model(merged=True): {name} has {len(active)} active copies (modules_to_save) "
+                         f"{active}; set one adapter active (model.set_adapter) before merging")
+    copies, original = f"{name}.modules_to_save.", f"{name}.original_module."
+    for key in [k for k in merged if k.startswith((copies, original))]:
+        tensor = merged.pop(key)
+        if key.startswith(f"{copies}{active[0]}."):
+            merged[f"{name}.{key.removeprefix(f'{copies}{active[0]}.')}"] = tensor
 
 
 def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
