@@ -172,6 +172,9 @@ def test_reconcile_distribution():
     ({"model": "hf", "lora_dropout": 1.0}, r"lora_dropout must be in \[0, 1\)"),
     ({"model": "hf", "task": "sft", "kernels": "auto"}, "kernels 'auto' with task sft"),
     ({"model": "hf", "lora_merge": True}, "lora_merge merges LoRA adapters into the weights, and lora_r is 0"),
+    ({"model": "hf", "lora_alpha": 32.0}, r"lora_alpha 32.0 set LoRA adapters, and lora_r is 0 \(no adapters"),
+    ({"model": "hf", "lora_targets": "q_proj", "lora_dropout": 0.1},
+     r"lora_targets 'q_proj', lora_dropout 0.1 set LoRA adapters, and lora_r is 0 .*: set lora_r, or leave them out"),
 ])
 def test_fine_tuning_options_are_checked_by_name(values, message):
     with pytest.raises(ValueError, match=message):

@@ -145,6 +145,11 @@ class TrainConfig:
             raise ValueError(f"lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        unused = [f"{k} {getattr(self, k)!r}" for k in ("lora_alpha", "lora_targets", "lora_dropout")
+                  if not self.lora_r and getattr(self, k) != _FIELDS[k].default]
+        if unused:  # set for adapters that are not made: a forgotten lora_r would train every weight
+            raise ValueError(f"{', '.join(unused)} set LoRA adapters, and lora_r is 0 (no adapters: every weight "
+                             "trains): set lora_r, or leave them out")
         if self.model not in MODEL_CONFIGS and self.model != "hf":
             raise ValueError(f"model: unknown model {self.model!r}; choose one of {sorted(MODEL_CONFIGS)} or hf")
         for name in ("steps", "global_batch_size", "micro_batch_size", "seq_len", "log_every"):
@@ -208,7 +213,8 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-_FIELD_TYPES = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)}
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_FIELD_TYPES = {name: type(f.default) for name, f in _FIELDS.items()}
 
 
 def _convert(name: str, kind: type, raw: str):
