@@ -270,3 +270,29 @@ def test_a_checkpoint_of_other_adapters_is_refused_as_another_models_not_skipped
                                          r"\(7 more differ\): it was saved from another model or with other adapters"):
         te.load_checkpoint(*lora(8), uri=uri)
     assert ckpt.committed_steps(uri) == [3]
+
+
+def test_a_checkpoint_that_trained_what_is_frozen_here_is_refused(engine, tmp_path):
+    """Saved with bias="all", resumed with bias="none": the step's trained biases were loaded into the frozen base
+    biases, and the run went on as the bias="all" one (a user's trial). Refused both ways, naming the parameters."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trainyard.engine as te
+
+    from . import families
+
+    def lora(bias):
+        torch.manual_seed(0)
+        model = te.transform(get_peft_model(AutoModelForCausalLM.from_config(families.config("qwen2", tie=False)),
+                                            LoraConfig(r=4, target_modules=["q_proj"], bias=bias)))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    te.save_checkpoint(*lora("all"), 2, uri=str(tmp_path / "all"), trainable_only=True, blocking=True)
+    with pytest.raises(ValueError, match=r"holds trained values of \S+bias, .* \(\d+ parameters frozen in this "
+                                         r"model\): it was saved with other adapters or bias settings"):
+        te.load_checkpoint(*lora("none"), uri=str(tmp_path / "all"))
+    te.save_checkpoint(*lora("none"), 2, uri=str(tmp_path / "none"), trainable_only=True, blocking=True)
+    with pytest.raises(ValueError, match=r"holds no \S+bias.* trainable parameters of this model"):
+        te.load_checkpoint(*lora("all"), uri=str(tmp_path / "none"))
+    assert te.load_checkpoint(*lora("all"), uri=str(tmp_path / "all")) == 2  # the same settings resume

@@ -150,7 +150,8 @@ def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
 def _saved_part(model: nn.Module, metadata, target: str, warn) -> set[str] | None:
     """The model entries to load from a step: None (all) when it holds every parameter; those it holds when it was
     saved with trainable_only and holds every parameter that trains here (the others keep their weights, said on
-    rank 0). A step without some trainable parameter is refused, naming them."""
+    rank 0). A step of another model is refused, naming what differs: a shape, a trainable parameter it lacks, or a
+    parameter it trained that is frozen here."""
     saved, names = saved_model_names(metadata), {n for n, _ in model.named_parameters()}
     resized = [(n, tuple(size), tuple(p.shape)) for n, p in model.named_parameters()
                if (size := getattr(metadata.state_dict_metadata.get(f"app.model.{n}"), "size", None)) is not None
@@ -163,11 +164,19 @@ def _saved_part(model: nn.Module, metadata, target: str, warn) -> set[str] | Non
                          "model, or give this job another checkpoint location")
     if names <= saved:
         return None
-    missing = sorted(trainable_names(model) - saved)
+    trainable = trainable_names(model)
+    missing = sorted(trainable - saved)
     if missing:
         raise ValueError(f"checkpoint {target} holds no {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
                          f"({len(missing)} trainable parameters of this model): it was saved from another model or "
                          "with other adapters; resume from a checkpoint of this model")
+    # a step of the trainable parameters alone: what it holds trained there, and must not land in frozen weights
+    frozen = sorted((saved & names) - trainable)
+    if frozen:
+        raise ValueError(f"checkpoint {target} holds trained values of {', '.join(frozen[:3])}"
+                         f"{' ...' if len(frozen) > 3 else ''} ({len(frozen)} parameters frozen in this model): it was "
+                         "saved with other adapters or bias settings (LoraConfig's bias, modules_to_save); resume with "
+                         "the settings it was saved with, or from a checkpoint of this model")
     if not dist.is_initialized() or dist.get_rank() == 0:
         warn(f"checkpoint {target} holds the trainable parameters only ({len(names & saved)} of {len(names)}): the "
              "others keep the weights they have (the base model's, loaded before)")
