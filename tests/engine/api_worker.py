@@ -240,6 +240,8 @@ def run_reload(case: dict, ctx) -> dict:
     torch.manual_seed(SEED + 1)  # other initial weights: only the files can make the logits right
     model = te.transform(build("hf"), distribution=case["distribution"])
     te.load_pretrained(model, case["dir"])  # strict: under a pipeline the other stages' names are expected
+    if case.get("export_to"):  # written again from this layout
+        te.save_model(model, case["export_to"])
     out = te.predict(model, probe())  # the last stage's logits under a pipeline, None on the other ranks
     want = torch.load(f"{case['dir']}/probe.pt")
     diff = 0.0 if out is None else (getattr(out, "logits", out) - want).abs().max().item()

@@ -313,14 +313,20 @@ def test_export_of_a_tp_x_mics_model_loads_with_from_pretrained_and_back(tmp_pat
         {"name": "reload", "kind": "reload", "distribution": {"mics": {"partition_group_size": 2}},
          "dir": str(out)},
         {"name": "reload pp2", "kind": "reload", "distribution": {"pipeline_parallel_degree": 2}, "dir": str(out)},
+        # and written again from 2 interleaved stages a rank (whose rank model is no Hugging Face model: the
+        # export once lost its config.json there)
+        {"name": "reload pp2 v2", "kind": "reload", "dir": str(out), "export_to": str(tmp_path / "again"),
+         "distribution": {"pipeline_parallel_degree": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b"}},
         {"name": "busy", "kind": "busy", "uri": str(tmp_path / "ckpt")}],
         tmp_path, preload=HF)
-    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    loaded = AutoModelForCausalLM.from_pretrained(str(out))
     want = torch.load(out / "probe.pt")
-    assert (loaded(probe()).logits - want).abs().max().item() < 1e-5
+    for folder in (out, tmp_path / "again"):
+        assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+        loaded = AutoModelForCausalLM.from_pretrained(str(folder))
+        assert (loaded(probe()).logits - want).abs().max().item() < 1e-5
     assert results["reload"]["worst_abs_diff"] < 1e-5
-    assert results["reload pp2"]["worst_abs_diff"] < 1e-5 and results["reload pp2"]["ranks_with_output"] == 2
+    for name in ("reload pp2", "reload pp2 v2"):
+        assert results[name]["worst_abs_diff"] < 1e-5 and results[name]["ranks_with_output"] == 2, results[name]
     # (the same launch) an upload still in flight on rank 0 alone is in flight for every rank: all skip or all save
     assert results["busy"] == {"held": [True] * 4, "released": [False] * 4}
 
