@@ -28,6 +28,8 @@ def _layout(*, world: int, p: int, tp: int = 1, pp: int = 1, schedule: str = "no
 
 
 def _measure(cases: dict[str, Layout], seq_len: int, nproc: int | None) -> dict[str, dict]:
+    """The worker's measurements. One-process cases run in 2 workers at once, half the cases each (each measures
+    its own process's allocations; one worker alone leaves a core idle)."""
     payload = [{"name": name, "micro_batch_size": lay.micro_batch_size, "seq_len": seq_len,
                 "distribution": lay.distribution()} for name, lay in cases.items()]
     launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
@@ -35,10 +37,19 @@ def _measure(cases: dict[str, Layout], seq_len: int, nproc: int | None) -> dict[
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                             "LOCAL_WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([*launcher, WORKER, json.dumps(payload)], capture_output=True, text=True, env=env,
-                          timeout=480)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    rows = [json.loads(line.removeprefix("RESULT ")) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    parts = [payload] if nproc else [payload[0::2], payload[1::2]]
+    procs = [subprocess.Popen([*launcher, WORKER, json.dumps(part)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for part in parts]
+    rows = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=480)
+            assert proc.returncode == 0, out[-2000:] + err[-4000:]
+            rows += [json.loads(line.removeprefix("RESULT ")) for line in out.splitlines()
+                     if line.startswith("RESULT ")]
+    finally:
+        for proc in procs:
+            proc.kill()  # none is left behind a failed one (a no-op for one that ended)
     return {row["name"]: row for row in rows}
 
 
