@@ -1,4 +1,6 @@
 """Checkpoint layout, commit marker, retention, and a save/load round trip (local and S3)."""
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -266,6 +268,41 @@ def test_async_save_stages_then_uploads_and_reports_failures(uri, tmp_path):
     assert broken.wait() is False and broken.failed == [3] and "step 3" in said[-1] and "failed" in said[-1]
     assert saver.save(3, model, opt, sched) >= 0 and saver.wait()
     assert ckpt.list_steps(uri) == {2: True, 3: True}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_next_optimizer_step_waits_for_the_background_copy(tmp_path, monkeypatch):
+    """save() returns before the state is copied (the copy here starts when the next optimizer step does, and takes
+    0.3 s); that step waits for the copy, so the checkpoint holds the weights of the save, not of the step, and the
+    wait is counted in `held`. A model with persistent buffers (a forward may change them) is copied before save()
+    returns."""
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 2)
+    staged = {k: v.clone() for k, v in model.state_dict().items()}
+    saver = ckpt.AsyncSaver(str(tmp_path / "ckpt"), keep_last=2, say=lambda m: None)
+    copy, stepping = saver._stager._stage, threading.Event()
+
+    def late_copy(*args, **kwargs):
+        stepping.wait(30)
+        time.sleep(0.3)
+        return copy(*args, **kwargs)
+
+    monkeypatch.setattr(saver._stager, "_stage", late_copy)
+    opt.register_step_pre_hook(lambda *_: stepping.set())  # before the saver's own: the copy starts now
+    saver.save(2, model, opt, sched)
+    assert not saver.staging.done()
+    _train(model, opt, sched, 1)  # its optimizer step waits for the copy
+    assert saver.take_held() >= 0.25 and saver.take_held() == 0.0
+    assert saver.wait()
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    ckpt.load_checkpoint(str(tmp_path / "ckpt"), 2, fresh, fresh_opt, fresh_sched)
+    assert all(torch.equal(staged[k], v) for k, v in fresh.state_dict().items())
+    model.register_buffer("running", torch.zeros(3))  # persistent
+    stepping.clear()
+    threading.Timer(0.2, stepping.set).start()
+    saver.save(3, model, opt, sched)
+    assert saver.staging is None and saver.take_held() >= 0.25  # copied before save() returned
+    assert saver.wait()
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -4,7 +4,7 @@ checkpoint it, export it (docs/engine.md). `import trainyard.engine as te; ctx =
 The public names live in `api.py` (and `equivalence.py`); they are resolved on first use so that the torch-free
 parts of the engine (the parallelism and layout checks the SDK runs) import without loading torch.
 """
-__all__ = ["Context", "init", "current", "finish", "transform", "rows", "sequence_shard", "accumulate", "wait_for_checkpoints", "checkpoint_busy", "checkpoint_io", "forward_backward", "global_loss",
+__all__ = ["Context", "init", "current", "finish", "transform", "rows", "sequence_shard", "accumulate", "wait_for_checkpoints", "checkpoint_busy", "checkpoint_held", "checkpoint_io", "forward_backward", "global_loss",
            "evaluate", "predict", "clip_grad_norm_", "optimizer_step", "scaler", "mark_step", "log_metrics",
            "save_checkpoint", "load_checkpoint", "save_model", "load_pretrained", "full_state_dict",
            "check_equivalence", "Parallelism", "lm_loss", "LMHidden", "build_model", "router_stats"]

@@ -207,6 +207,13 @@ def wait_for_checkpoints() -> bool:
     return ok
 
 
+def checkpoint_held() -> float:
+    """The seconds optimizer steps waited, since the last call, for asynchronous saves to finish copying the state
+    (`save_checkpoint` returns before the copy; the next optimizer step, which changes the state, waits for it):
+    with what `save_checkpoint` returned, what saving cost the loop."""
+    return 0.0 if _current is None else sum(m.take_held() for m in _current._savers.values())
+
+
 def checkpoint_busy(uri: str | None = None) -> bool:
     """Whether the last asynchronous save to `uri` (default: the job's checkpoint location) is still uploading on
     any rank (a collective: every rank gets the same answer). A loop that would rather skip a save than wait for a

@@ -379,7 +379,9 @@ class Trainer:
                 row = {**record, "tokens_per_s": tokens_per_s, "step_time_s": elapsed,
                        "tflops_per_device": tflops, "mfu": tflops / self.peak_tflops,
                        "compute_s": compute, "comm_intra_s": comm["intra_s"],
-                       "comm_inter_s": comm["inter_s"], "checkpoint_blocked_s": blocked,
+                       "comm_inter_s": comm["inter_s"],
+                       # this step's save, and its optimizer step's wait for the last save's background copy
+                       "checkpoint_blocked_s": blocked + api.checkpoint_held(),
                        "cpu_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                        "inter_node_bytes": comm["inter_bytes"], "intra_node_bytes": comm["intra_bytes"],
                        "comm": comm["by_kind"], "comm_by_dim": comm["by_dim"]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -47,9 +48,9 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
 
 
 class AsyncSaver:
-    """Saves with at most one in flight: `save()` stages the state to host memory (the only part the
-    training loop waits for) and DCP uploads it from a background thread, over a process group of its
-    own so that its collectives never interleave with training's. When the upload is committed, rank 0
+    """Saves with at most one in flight: `save()` starts copying the state to host memory in the background (the
+    optimizer's next step waits for the copy: the only part the training loop may wait for) and DCP uploads it from
+    a background thread, over a process group of its own so that its collectives never interleave with training's. When the upload is committed, rank 0
     purges old steps from that background thread too. `wait()` finishes the save in flight: on failure
     it reports and returns False (the step was never committed: DCP writes `.metadata` last), and the
     next interval saves again."""
@@ -61,11 +62,20 @@ class AsyncSaver:
         self.pending: tuple[int, Future] | None = None
         self.failed: list[int] = []
         self.done: tuple[int, int, float] = (0, 0, 0.0)  # the last committed save: step, this rank's bytes, seconds
+        self.staging: Future | None = None  # the copy of the state in flight, which the next optimizer step awaits
+        self.held = 0.0  # seconds optimizer steps waited for it, not yet taken (`take_held`)
+        self._guarded: weakref.WeakSet = weakref.WeakSet()  # the optimizers whose steps await the copy
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler | None, *, extra: dict | None = None,
              scaler=None, trainable_only: bool = False) -> float:
-        """Start saving step `step` (a collective); returns the seconds the caller was blocked."""
+        """Start saving step `step` (a collective); returns the seconds the caller was blocked.
+
+        The state is copied to host memory in the background, in step with the loop: the optimizer's next step
+        (the first thing that changes the weights and the optimizer's state) waits for the copy, and counts the
+        wait in `held`. A model with persistent buffers (a forward may change them: BatchNorm statistics, an
+        expert's bias) is copied before `save` returns, as is every state under `extra` or a loss scaler's (which
+        `state_of` turns into new tensors)."""
         start = time.perf_counter()
         self.wait()
         only = trainable_names(model) if trainable_only else None
@@ -73,11 +83,51 @@ class AsyncSaver:
         writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
                                 **storage_options(self.uri))
         upload = dcp.async_save(state, storage_writer=writer, process_group=self.group,
-                                no_dist=not self.distributed)
+                                no_dist=not self.distributed, async_stager=self._stager)
+        self.staging = getattr(upload, "staging_completion", None)
         upload = getattr(upload, "upload_completion", upload)
+        if _persistent_buffers(model):
+            self.ready()
+        elif optimizer not in self._guarded:
+            optimizer.register_step_pre_hook(self._before_step)
+            self._guarded.add(optimizer)
         purges = not self.distributed or dist.get_rank() == 0
         self.pending = (step, self._finisher.submit(self._finish, step, upload, writer, purges, model))
         return time.perf_counter() - start
+
+    @functools.cached_property
+    def _stager(self):
+        """DCP's stager, copying in a thread of its own (with an accelerator: into pinned memory, on a stream of its
+        own)."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        accelerator = torch.accelerator.is_available()
+        return DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
+                                            use_async_staging=True, use_non_blocking_copy=accelerator))
+
+    def ready(self) -> float:
+        """Wait until the state of the save in flight is copied (what may change it, may then); the seconds
+        waited, also added to `held`. A failed copy is reported by `wait`, with the upload it fails."""
+        staging, self.staging = self.staging, None
+        if staging is None:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            staging.result()
+        except BaseException as e:  # noqa: BLE001 - the upload fails with it, and `wait` reports that
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+        waited = time.perf_counter() - t0
+        self.held += waited
+        return waited
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        self.ready()
+
+    def take_held(self) -> float:
+        """The seconds optimizer steps waited for copies since the last call."""
+        held, self.held = self.held, 0.0
+        return held
 
     @functools.cached_property
     def _finisher(self) -> ThreadPoolExecutor:
@@ -106,6 +156,7 @@ class AsyncSaver:
 
     def wait(self) -> bool:
         """Finish the save in flight, if any; False when it failed (reported)."""
+        self.ready()
         if self.pending is None:
             return True
         step, finished = self.pending
@@ -262,6 +313,12 @@ def mark_direct(uri: str, say=print) -> None:
 _MARKED: set[str] = set()
 
 
+def _persistent_buffers(model: nn.Module) -> bool:
+    """Whether the model's state holds buffers (a forward may change them, where only an optimizer step changes
+    parameters)."""
+    return any(name not in m._non_persistent_buffers_set for m in model.modules() for name in m._buffers)
+
+
 class CheckpointManager:
     """One checkpoint location's saves and loads: `save` (asynchronous unless `blocking`; at most one in
     flight), `wait` (the save in flight; False when it failed and was not committed), `busy` (whether that upload is
@@ -320,6 +377,10 @@ still in flight on any rank), `resume` (the newest
 
     def wait(self) -> bool:
         return True if self._saver is None else self._saver.wait()
+
+    def take_held(self) -> float:
+        """The seconds optimizer steps waited for this location's background copies since the last call."""
+        return 0.0 if self._saver is None else self._saver.take_held()
 
     def busy(self) -> bool:
         """Whether the last asynchronous save is still uploading on any rank (a collective once this location

@@ -164,7 +164,8 @@ class ExtraState(Stateful):
         self.values = values
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
+        # copies: an asynchronous save copies the state after `save` returned, while the loop may change the values
+        return {k: v.detach().clone() if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
                 for k, v in self.values.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
