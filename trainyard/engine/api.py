@@ -625,6 +625,8 @@ def load_pretrained(model: nn.Module, path_or_uri: str, *, strict: bool = True) 
     into a transformed model, each rank reading only the byte ranges of its own shards (a collective on
     entry and exit). Returns what this rank read."""
     par = _layout(model)
+    for saver in (_current._savers.values() if _current is not None else ()):
+        saver.ready()  # the weights change: an asynchronous save's copy of them first
     root = par.parts[0]  # the model, or its first stage where the rank holds several (save_model)
     tensors = hf_weights.model_tensors(model)
     # a PEFT model: the base model's files, into the weights its LoRA layers wrap (the adapters are not in them)

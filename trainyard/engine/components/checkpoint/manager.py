@@ -378,6 +378,10 @@ still in flight on any rank), `resume` (the newest
     def wait(self) -> bool:
         return True if self._saver is None else self._saver.wait()
 
+    def ready(self) -> float:
+        """Wait for this location's background copy of the state, if one is in flight (`AsyncSaver.ready`)."""
+        return 0.0 if self._saver is None else self._saver.ready()
+
     def take_held(self) -> float:
         """The seconds optimizer steps waited for this location's background copies since the last call."""
         return 0.0 if self._saver is None else self._saver.take_held()
