@@ -10,8 +10,9 @@ The raw baseline puts and gets the same files, same sizes, with s3fs directly. P
 repeats of each repeat's ratio: the pair runs back to back, so machine noise cancels; goal >= 0.95),
 `blocking_seconds` (the time the training loop waits: all of a synchronous save; for an async one, the call
 plus what the next step's optimizer step waits for the background copy of the state, after the step's forward
-and backward on 2 x 128 tokens (`step` in the runs); goal: async <= 2% of sync) and `rank_gbps` (the rank's own GB/s of its share, as the metrics rows'
-`checkpoint_io` report it: its bytes over the time from the first byte written or requested to the last).
+and backward on 2 x 128 tokens (`step` in the runs); goal: async <= 2% of sync) and `rank_gbps` (the rank's
+own GB/s of its share, as the metrics rows' `checkpoint_io` report it: its bytes over the time from the first
+byte written or requested to the last).
 """
 from __future__ import annotations
 

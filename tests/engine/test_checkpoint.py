@@ -300,8 +300,8 @@ def test_the_next_optimizer_step_waits_for_the_background_copy(tmp_path, monkeyp
     model.register_buffer("running", torch.zeros(3))  # persistent
     stepping.clear()
     threading.Timer(0.2, stepping.set).start()
-    saver.save(3, model, opt, sched)
-    assert saver.staging is None and saver.take_held() >= 0.25  # copied before save() returned
+    assert saver.save(3, model, opt, sched) >= 0.15  # copied before save() returned: in its own time, not `held`
+    assert saver.staging is None and saver.take_held() == 0.0
     assert saver.wait()
 
 

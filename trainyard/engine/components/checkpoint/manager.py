@@ -50,10 +50,10 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
 class AsyncSaver:
     """Saves with at most one in flight: `save()` starts copying the state to host memory in the background (the
     optimizer's next step waits for the copy: the only part the training loop may wait for) and DCP uploads it from
-    a background thread, over a process group of its own so that its collectives never interleave with training's. When the upload is committed, rank 0
-    purges old steps from that background thread too. `wait()` finishes the save in flight: on failure
-    it reports and returns False (the step was never committed: DCP writes `.metadata` last), and the
-    next interval saves again."""
+    a background thread, over a process group of its own so that its collectives never interleave with training's.
+    When the upload is committed, rank 0 purges old steps from that background thread too. `wait()` finishes the
+    save in flight: on failure it reports and returns False (the step was never committed: DCP writes `.metadata`
+    last), and the next interval saves again."""
 
     def __init__(self, uri: str, *, keep_last: int = DEFAULT_KEEP_LAST, say=print) -> None:
         self.uri, self.keep_last, self.say = uri, keep_last, say
@@ -74,8 +74,8 @@ class AsyncSaver:
         The state is copied to host memory in the background, in step with the loop: the optimizer's next step
         (the first thing that changes the weights and the optimizer's state) waits for the copy, and counts the
         wait in `held`. A model with persistent buffers (a forward may change them: BatchNorm statistics, an
-        expert's bias) is copied before `save` returns, as is every state under `extra` or a loss scaler's (which
-        `state_of` turns into new tensors)."""
+        expert's bias) is copied before `save` returns; `extra` and a loss scaler's state are new tensors, taken
+        when `save` is called."""
         start = time.perf_counter()
         self.wait()
         only = trainable_names(model) if trainable_only else None
@@ -105,9 +105,10 @@ class AsyncSaver:
         return DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
                                             use_async_staging=True, use_non_blocking_copy=accelerator))
 
-    def ready(self) -> float:
+    def ready(self, *, counted: bool = False) -> float:
         """Wait until the state of the save in flight is copied (what may change it, may then); the seconds
-        waited, also added to `held`. A failed copy is reported by `wait`, with the upload it fails."""
+        waited, added to `held` when `counted` (an optimizer step's wait; the other callers' own time holds theirs).
+        A failed copy is reported by `wait`, with the upload it fails."""
         staging, self.staging = self.staging, None
         if staging is None:
             return 0.0
@@ -118,11 +119,12 @@ class AsyncSaver:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
         waited = time.perf_counter() - t0
-        self.held += waited
+        if counted:
+            self.held += waited
         return waited
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        self.ready()
+        self.ready(counted=True)
 
     def take_held(self) -> float:
         """The seconds optimizer steps waited for copies since the last call."""
