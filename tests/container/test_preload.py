@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from trainyard.container.driver import HEALTH_MODULE, PROBE_MODULE, preloaded
 from trainyard.container.launcher import run_processes
@@ -62,6 +63,17 @@ def test_a_module_entry_runs_as_main_with_its_file_as_argv0(tmp_path):
     assert seen["argv"][0] == str(tmp_path / "entrymod.py") and seen["name"] == "__main__"
 
 
+def test_the_server_ends_without_tearing_its_imports_down(tmp_path):
+    """The launcher waits for the server after the last process: a server that tore down what it imported (torch:
+    0.5-1 s) would hold every launch that long. Here a preloaded module's exit hook that sleeps in the server."""
+    (tmp_path / "slowexit.py").write_text(
+        "import atexit, os, time\n_PID = os.getpid()\natexit.register(lambda: os.getpid() == _PID and time.sleep(5))\n")
+    started = time.monotonic()
+    assert _run(tmp_path, "ok", preload=("slowexit",)) == (0, None)
+    assert time.monotonic() - started < 4.0
+    assert _seen(tmp_path, 0)["preloaded"] is False and _seen(tmp_path, 1)["env"]["RANK"] == "1"
+
+
 def test_an_uncaught_exception_and_a_signal_are_the_processes_own_statuses(tmp_path):
     code, failure = _run(tmp_path, "raise")
     assert code == 1 and (failure.rank, failure.exitcode) == (1, 1)
@@ -93,8 +105,10 @@ def test_trainyards_preloaded_entries_read_no_process_variable_on_import():
     """What the server imports under the host's variables only: a read of RANK (or another per-process
     variable) at import would be the server's, the same for every process."""
     assert preloaded("trainyard.engine.train", "module") == ("trainyard.engine.train",)
+    assert preloaded("trainyard.engine.train", "module", "s3://b/ckpt") == ("trainyard.engine.train", "s3fs")
     assert preloaded("train.py", "script") == () and preloaded("mypkg.train", "module") == ()
-    for module in ("trainyard.engine.train", PROBE_MODULE, HEALTH_MODULE):
+    assert preloaded("train.py", "script", "s3://b/ckpt") == ()
+    for module in ("trainyard.engine.train", "s3fs", PROBE_MODULE, HEALTH_MODULE):
         probe = textwrap.dedent(f"""
             import importlib, json, os
             reads = []

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import urllib.request
 
 import boto3
@@ -219,6 +220,38 @@ def test_docker_build_commands(tmp_path, monkeypatch):
     run = Runner(inspect_code=0)
     assert image.build(str(root), "trainyard", runner=run, which=_only("docker")) == ref
     assert run.argvs == [["/usr/bin/docker", "image", "inspect", ref]]
+
+
+def test_two_builds_of_one_checkout_take_turns_and_the_second_finds_the_image(tmp_path, monkeypatch, capsys):
+    """`make test` builds the image in the background while the image tests' fixture may ask for it too."""
+    monkeypatch.delenv(image.BUILDER_ENV, raising=False)
+    root = _context(tmp_path)
+    built, building, release = threading.Event(), threading.Event(), threading.Event()
+    calls: list[list[str]] = []
+
+    def runner(cmd, **kw):
+        calls.append(list(cmd))
+        if "inspect" in cmd:
+            return subprocess.CompletedProcess(cmd, 0 if built.is_set() else 1, stdout="", stderr="")
+        building.set()
+        assert release.wait(10)
+        built.set()
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+
+    refs: list[str] = []
+    first = threading.Thread(target=lambda: refs.append(image.build(str(root), runner=runner, which=_only("docker"))))
+    first.start()
+    assert building.wait(10)
+    second = threading.Thread(target=lambda: refs.append(image.build(str(root), runner=runner, which=_only("docker"))))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the second build did not wait for the first"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(refs) == 2 and refs[0] == refs[1]
+    assert [c[1] for c in calls] == ["image", "build", "image"]  # inspect, build; then the second's inspect only
+    assert "another build of" in capsys.readouterr().out
 
 
 def test_buildah_build_commands(tmp_path, monkeypatch):

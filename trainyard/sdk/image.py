@@ -21,11 +21,15 @@ change to what goes into the image, another tag. Files that `.dockerignore` keep
 the context's root, `#` comments, `!` exceptions, `*` and `?` within one path element, `**` across any
 number of them, the last matching pattern wins, and a pattern that matches a folder excludes what it holds.
 
-Every command goes through `runner` (subprocess.run's signature), so tests record them.
+Every command goes through `runner` (subprocess.run's signature), so tests record them. Builds of one context
+folder take turns (an exclusive lock on the folder itself): a second `build` of the same checkout waits for the
+first and then finds its image, instead of building it again beside it.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -365,6 +369,34 @@ def build(context_dir: str = ".", repository: str = DEFAULT_REPOSITORY, *, docke
         raise ImageError(f"variant {variant!r}: one of {', '.join(VARIANTS)}")
     root = os.path.abspath(context_dir)
     version = _check_context_version(root)
+    with _turn(root):
+        return _build_variant(root, repository, dockerfile, variant, version, runner, which, pip_settings)
+
+
+@contextlib.contextmanager
+def _turn(root: str):
+    """Hold the build turn of the context folder `root` (flock on the folder itself: nothing is written there, and
+    the lock goes with the process however it ends); where the folder cannot be locked, go on without a turn."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"another build of {root} is under way: waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build_variant(root: str, repository: str, dockerfile: str, variant: str, version: str, runner: Runner,
+                   which: Callable[[str], str | None], pip_settings: dict[str, str] | None) -> str:
     if variant == "gpu":
         tag = image_tag(root, dockerfile, version=version)
         name, base = find_builder(which)

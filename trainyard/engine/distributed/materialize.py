@@ -75,7 +75,9 @@ def init_by_module(model: nn.Module, template: nn.Module, seed: int, init: Calla
             t = getattr(cpu, name)
             if t is not None and t.is_floating_point():
                 t.data.fill_(float("nan"))
-        torch.manual_seed(module_seed(seed, path))
+        # the CPU generator only: the copy is on the CPU, and torch.manual_seed would also queue a CUDA seeding
+        # with its stack trace on a machine where CUDA is not initialised (17% of a small model's transform)
+        torch.random.default_generator.manual_seed(module_seed(seed, path))
         init(cpu)
         for name in names:
             full, dest = getattr(cpu, name), getattr(target, name, None)
