@@ -60,11 +60,12 @@ containers:
 # them: docs/test-durations.md). --durations: the slowest cases in every run's log, to keep the suite within its
 # 25-minute budget (docs/test-durations.md)
 test: $(STAMP) $(CHECKOV) browser containers
-	@# the CPU image the image tests run, built in the background (niced) while the fast cases run: its I/O waits
-	@# overlap their work, and the tests' fixture waits for it (builds of one checkout take turns, sdk/image.py)
+	$(PY) -m pytest -m 'not slow' -n 2 --durations=10
+	@# the CPU image the image tests run, built in the background (niced) while the first slow cases run: its I/O
+	@# waits overlap theirs (built beside the fast cases, which keep both cores busy, it cost them 31 s), and the
+	@# tests' fixture waits for it (builds of one checkout take turns, sdk/image.py)
 	@(command -v mmdebstrap >/dev/null && { command -v podman || command -v buildah; } >/dev/null && \
 	  nice -n 10 $(VENV)/bin/trainyard image build --variant cpu --context . > $(VENV)/image-build.log 2>&1 || true) &
-	$(PY) -m pytest -m 'not slow' -n 2 --durations=10
 	$(PY) -m pytest -m slow --durations=25
 
 test-fast: $(STAMP)

@@ -1,18 +1,25 @@
-"""Launching a multi-process test worker as two emulated hosts: one launcher per host (the product's,
-trainyard/container/launcher.py, as a job's driver runs it), its processes forked from a server that imported
-torch and the engine once (container/preload.py). Run as a script, this file is one host's launcher."""
-import argparse
+"""Launching a multi-process test worker as emulated hosts: every process of `hosts` x `processes_per_host`, with
+the variables torchrun (and the product's launcher, trainyard/container/launcher.py `worker_env`) gives it, forked
+from the session's warm interpreter (tests/engine/zygote.py), which imported torch, the engine and `preload` once."""
+import atexit
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import tempfile
+import time
+
+from trainyard.container.launcher import worker_env
 
 # what every worker imports first (torch and the engine); a worker's own imports come after, in each process
 PRELOAD = ("trainyard.engine.api",)
 # and a worker of Hugging Face models: transformers' model code (2.5 s of CPU a process; it reads no variable that
 # differs between a host's processes when it is imported) and peft's
 HF = PRELOAD + ("transformers.modeling_utils", "peft")
+ZYGOTE = os.path.join(os.path.dirname(__file__), "zygote.py")
+_ZYGOTES: dict[tuple[str, ...], tuple[subprocess.Popen, str]] = {}
 
 
 def _free_port() -> int:
@@ -21,55 +28,73 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _zygote(preload: tuple[str, ...]) -> str:
+    """The socket of this session's zygote that preloaded `preload` (started on first use, ended at exit)."""
+    found = _ZYGOTES.get(preload)
+    if found is not None and found[0].poll() is None:
+        return found[1]
+    folder = tempfile.mkdtemp(prefix="trainyard-zygote-")
+    path = os.path.join(folder, "socket")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what the workers run under: read when torch is imported
+    log = os.path.join(folder, "zygote.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-u", ZYGOTE, path, ",".join(preload)], env=env, cwd=os.getcwd(),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    atexit.register(proc.kill)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the test zygote did not start: {_tail(log)}")
+        time.sleep(0.05)
+    _ZYGOTES[preload] = (proc, path)
+    return path
+
+
+def _tail(path: str, n: int = 3000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - n))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def run_on_two_hosts(worker: str, cases: list[dict], tmp_path, processes_per_host: int = 2, *,
                      hosts: int = 2, env: dict | None = None, preload: tuple[str, ...] = PRELOAD) -> dict:
-    """`worker CASES OUT` under `hosts` launchers (node ranks 0.., emulating hosts of `processes_per_host`
-    processes, forked from a server that imported `preload`), static rendezvous on loopback; the JSON the worker
-    wrote to OUT."""
+    """`worker CASES OUT` as `hosts` emulated hosts (node ranks 0..) of `processes_per_host` processes each, static
+    rendezvous on loopback, forked from a zygote that imported `preload`; the JSON the worker wrote to OUT."""
     out, port = tmp_path / "errors.json", _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    # logs go to files: a pipe that nobody drains while the other agent is awaited can fill and block
-    logs = [open(tmp_path / f"agent{node}.log", "w+") for node in range(hosts)]
-    agents = [subprocess.Popen(
-        [sys.executable, __file__, "--nnodes", str(hosts), "--node-rank", str(node), "--nproc-per-node",
-         str(processes_per_host), "--master-port", str(port), "--log-dir", str(tmp_path / f"agent{node}-logs"),
-         "--preload", ",".join(preload), worker, json.dumps(cases), str(out)],
-        env=env, stdout=logs[node], stderr=subprocess.STDOUT, text=True)
-        for node in range(hosts)]
-    try:
-        for a in agents:
-            a.wait(timeout=int(os.environ.get("LAUNCH_TIMEOUT", 500)))
-    finally:
-        for a in agents:
-            a.kill()
-    texts = []
-    for log in logs:
-        log.seek(0)
-        texts.append(log.read())
-        log.close()
-    assert all(a.returncode == 0 for a in agents), "\n".join(t[-4000:] for t in texts)
+    base = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    requests, logs = [], []
+    for node in range(hosts):
+        for local in range(processes_per_host):
+            folder = tmp_path / f"agent{node}-logs" / str(local)
+            folder.mkdir(parents=True, exist_ok=True)
+            penv = worker_env(local_rank=local, nproc=processes_per_host, node_rank=node, nnodes=hosts,
+                              master_addr="127.0.0.1", master_port=port, run_id="none", environ=base)
+            penv["TORCHELASTIC_ERROR_FILE"] = str(folder / "error.json")
+            logs.append((penv["RANK"], str(folder / "stderr.log")))
+            requests.append({"argv": [worker, json.dumps(cases), str(out)], "cwd": os.getcwd(), "env": penv,
+                             "stdout": str(folder / "stdout.log"), "stderr": str(folder / "stderr.log")})
+    timeout = int(os.environ.get("LAUNCH_TIMEOUT", 500))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(_zygote(preload))
+        conn.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests) + b"go\n")
+        answers, buffer, deadline = [], b"", time.monotonic() + timeout
+        while len(answers) < 2 and time.monotonic() < deadline:
+            if select.select([conn], [], [], 1.0)[0]:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                answers += [json.loads(line) for line in lines if line]
+    # the zygote kills the processes of a client that closed its end before they ended (a timeout here)
+    codes = answers[1]["codes"] if len(answers) == 2 else None
+    failed = "timed out" if codes is None else [f"rank {r}: {c}" for (r, _), c in zip(logs, codes) if c != 0]
+    first = sorted(range(len(logs)), key=lambda i: codes is None or codes[i] in (0, -9))  # who failed, then who was
+    assert codes is not None and not failed, f"{failed}\n" + "\n".join(               # killed for it
+        f"--- rank {logs[i][0]} stderr ---\n{_tail(logs[i][1])}" for i in first)
     return json.loads(out.read_text())
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="one emulated host's launcher of a test worker")
-    for flag in ("--nnodes", "--node-rank", "--nproc-per-node", "--master-port"):
-        parser.add_argument(flag, type=int, required=True)
-    parser.add_argument("--log-dir", required=True)
-    parser.add_argument("--preload", default=",".join(PRELOAD))
-    parser.add_argument("worker")
-    parser.add_argument("args", nargs="*")
-    a = parser.parse_args()
-    from trainyard.container.launcher import run_processes
-
-    code, failure = run_processes([sys.executable, "-u", a.worker, *a.args], os.getcwd(),
-                                  host=f"algo-{a.node_rank + 1}", node_rank=a.node_rank, nnodes=a.nnodes, nproc=a.nproc_per_node,
-                                  master_addr="127.0.0.1", master_port=a.master_port, log_dir=a.log_dir,
-                                  preload=tuple(a.preload.split(",")))
-    if failure is not None:
-        print(failure.reason(), file=sys.stderr)
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()
