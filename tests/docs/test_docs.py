@@ -1,8 +1,10 @@
 """Every fenced block of README.md and docs/*.md is checked or run as the page says (tests/docs/mdblocks.py),
 so an example can never drift from the code. The pages run as a user would: each in its own work folder,
-in page order, on the test session's embedded store; blocks marked cloud=1 against a moto server."""
+in page order, on the test session's embedded store; blocks marked cloud=1 against a moto server. docs/engine.md
+runs beside the others, in a thread of its own (BESIDE, below)."""
 import json
 import os
+import threading
 import urllib.request
 
 import pytest
@@ -66,11 +68,46 @@ def cloud(moto_server):
     return env
 
 
+# docs/engine.md's examples take 87 s on the CI machine, one core idle for half of it (one-process examples): the
+# page runs in a thread of its own from the first page's case on, beside the other pages (which run in this
+# process's main thread, in page order, as before), and its own case, the last, waits for it. It runs no
+# cloud=1 block and is the only page that runs torchrun (whose default port would clash).
+BESIDE = os.path.join(ROOT, "docs", "engine.md")
+
+
+def _run_page(page: str, cwd: str, cloud_env) -> None:
+    for b in blocks(page):
+        run_block(b, cwd, cloud_env() if b.directives.get("cloud") else {})
+
+
+@pytest.fixture(scope="module")
+def beside(request, tmp_path_factory):
+    """engine.md's run in a thread, started where its own case is among those selected: (thread, outcome)."""
+    if not any(item.nodeid.endswith(f"[{_name(BESIDE)}]") for item in request.session.items):
+        return None
+    cwd = work_folder(str(tmp_path_factory.mktemp("beside") / "work"))
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            _run_page(BESIDE, cwd, lambda: pytest.fail(f"{_name(BESIDE)} runs beside the others: no cloud blocks"))
+        except BaseException as e:  # noqa: BLE001 - raised again in the page's own case
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="docs-engine-md", daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("page", pages(), ids=_name)
-def test_page_runs_as_written(page, tmp_path, request):
-    cwd = work_folder(str(tmp_path / "work"))
-    for b in blocks(page):
-        env = request.getfixturevalue("cloud") if b.directives.get("cloud") else {}
-        run_block(b, cwd, env)
+@pytest.mark.parametrize("page", [p for p in pages() if p != BESIDE] + [BESIDE], ids=_name)
+def test_page_runs_as_written(page, tmp_path, request, beside):
+    if page == BESIDE:
+        thread, outcome = beside
+        thread.join(1400)
+        assert not thread.is_alive(), f"{_name(page)} still runs after 1400 s"
+        if "error" in outcome:
+            raise outcome["error"]
+        return
+    _run_page(page, work_folder(str(tmp_path / "work")), lambda: request.getfixturevalue("cloud"))
