@@ -1,6 +1,7 @@
 """Run a few optimizer steps of the built-in model under each layout given, and print, per layout, what this rank
 holds (model-state bytes after the step, gradients still held) and the peak bytes torch allocated during a step
-(the states held before the second step + the least `cpu_peak_bytes` of the next 3 steps). Launched as one plain process or by torchrun; rank 0
+(the states held before the second step + the least `cpu_peak_bytes` of the next 3 steps, of the
+next step alone in one process). Launched as one plain process or by torchrun; rank 0
 prints one JSON line per layout (the maximum over the ranks)."""
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ def run(distribution: dict, micro_batch_size: int, seq_len: int) -> dict:
     opt.zero_grad(set_to_none=True)
     gc.collect()  # the previous layout's model and optimizer go now, not inside the measured step
     held = model_state_bytes(model, opt)["model_state_bytes"]  # parameters and optimizer states, no gradients
-    # the least of 3 steps: where the collectives run on threads of their own, a loaded machine's timing can keep a
-    # gathered layer alive past its free (a full run once measured MiCS + full AC's peak 10% above a quiet one's)
+    # the least of 3 steps under several processes: where the collectives run on threads of their own, a loaded
+    # machine's timing can keep a gathered layer alive past its free (a full run once measured MiCS + full AC's peak
+    # 10% above a quiet one's); one process has no such thread, and one step is its peak
     peaks = []
-    for _ in range(3):
+    for _ in range(3 if ctx.world_size > 1 else 1):
         opt.zero_grad(set_to_none=True)  # each step as the first: its gradients allocated within it
         peaks.append(cpu_peak_bytes(step))
     peak = held + min(peaks)
