@@ -61,12 +61,14 @@ containers:
 # 25-minute budget (docs/test-durations.md)
 test: $(STAMP) $(CHECKOV) browser containers
 	$(PY) -m pytest -m 'not slow' -n 2 --durations=10
-	@# the CPU image the image tests run, built in the background (niced) while the first slow cases run: its I/O
-	@# waits overlap theirs (built beside the fast cases, which keep both cores busy, it cost them 31 s), and the
-	@# tests' fixture waits for it (builds of one checkout take turns, sdk/image.py)
-	@(command -v mmdebstrap >/dev/null && { command -v podman || command -v buildah; } >/dev/null && \
-	  nice -n 10 $(VENV)/bin/trainyard image build --variant cpu --context . > $(VENV)/image-build.log 2>&1 || true) &
-	$(PY) -m pytest -m slow --durations=25
+	@# the CPU image the image tests run, built in the background (niced, in a session of its own: ended with the
+	@# cases) while the first slow cases run: its I/O waits overlap theirs (built beside the fast cases, which keep
+	@# both cores busy, it cost them ~30 s), and the tests' fixture waits for it (builds of one checkout take turns)
+	@pid=; if command -v mmdebstrap >/dev/null && { command -v podman || command -v buildah; } >/dev/null; then \
+	  setsid nice -n 10 $(VENV)/bin/trainyard image build --variant cpu --context . > $(VENV)/image-build.log 2>&1 & \
+	  pid=$$!; fi; \
+	echo "$(PY) -m pytest -m slow --durations=25"; $(PY) -m pytest -m slow --durations=25; rc=$$?; \
+	[ -z "$$pid" ] || kill -- -$$pid $$pid 2>/dev/null; exit $$rc
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m 'not slow'

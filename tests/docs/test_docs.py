@@ -82,9 +82,12 @@ def _run_page(page: str, cwd: str, cloud_env) -> None:
 
 @pytest.fixture(scope="module")
 def beside(request, tmp_path_factory):
-    """engine.md's run in a thread, started where its own case is among those selected: (thread, outcome)."""
-    if not any(item.nodeid.endswith(f"[{_name(BESIDE)}]") for item in request.session.items):
-        return None
+    """engine.md's run in a thread, started where its own case is among those selected (and not under pytest-xdist,
+    whose every worker lists every case): (thread, outcome), joined at the module's end whatever ended it first."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or \
+            not any(item.nodeid.endswith(f"[{_name(BESIDE)}]") for item in request.session.items):
+        yield None
+        return
     cwd = work_folder(str(tmp_path_factory.mktemp("beside") / "work"))
     outcome: dict[str, BaseException] = {}
 
@@ -96,14 +99,15 @@ def beside(request, tmp_path_factory):
 
     thread = threading.Thread(target=run, name="docs-engine-md", daemon=True)
     thread.start()
-    return thread, outcome
+    yield thread, outcome
+    thread.join(1400)  # a session that stops early still waits for the page's processes
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("page", [p for p in pages() if p != BESIDE] + [BESIDE], ids=_name)
 def test_page_runs_as_written(page, tmp_path, request, beside):
-    if page == BESIDE:
+    if page == BESIDE and beside is not None:
         thread, outcome = beside
         thread.join(1400)
         assert not thread.is_alive(), f"{_name(page)} still runs after 1400 s"

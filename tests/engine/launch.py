@@ -5,6 +5,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,12 +36,15 @@ def _zygote(preload: tuple[str, ...]) -> str:
         return found[1]
     folder = tempfile.mkdtemp(prefix="trainyard-zygote-")
     path = os.path.join(folder, "socket")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what the workers run under: read when torch is imported
+    # what the modules read when imported is this environment, the same for every launch: the workers' threads, and
+    # no model hub (there is none here; test_weights sets it for its workers, and huggingface_hub reads it on import)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     log = os.path.join(folder, "zygote.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-u", ZYGOTE, path, ",".join(preload)], env=env, cwd=os.getcwd(),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    atexit.register(proc.kill)
+    atexit.register(shutil.rmtree, folder, True)
+    atexit.register(proc.kill)  # (the last registered runs first) its processes end with it
     deadline = time.monotonic() + 300
     while not os.path.exists(path):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -93,7 +97,12 @@ def run_on_two_hosts(worker: str, cases: list[dict], tmp_path, processes_per_hos
                 answers += [json.loads(line) for line in lines if line]
     # the zygote kills the processes of a client that closed its end before they ended (a timeout here)
     codes = answers[1]["codes"] if len(answers) == 2 else None
-    failed = "timed out" if codes is None else [f"rank {r}: {c}" for (r, _), c in zip(logs, codes) if c != 0]
+    if codes is None:  # past the timeout, or the zygote itself ended
+        proc, path = _ZYGOTES[preload]
+        failed = f"no exit statuses after {timeout} s" if proc.poll() is None else \
+            f"the test zygote ended ({proc.returncode}): {_tail(os.path.join(os.path.dirname(path), 'zygote.log'))}"
+    else:
+        failed = [f"rank {r}: {c}" for (r, _), c in zip(logs, codes) if c != 0]
     first = sorted(range(len(logs)), key=lambda i: codes is None or codes[i] in (0, -9))  # who failed, then who was
     assert codes is not None and not failed, f"{failed}\n" + "\n".join(               # killed for it
         f"--- rank {logs[i][0]} stderr ---\n{_tail(logs[i][1])}" for i in first)

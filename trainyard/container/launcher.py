@@ -27,7 +27,8 @@ others get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and the launch returns 1 
 (`root_cause` picks the cause). SIGTERM, SIGINT, SIGHUP and
 SIGQUIT sent to the driver go on to every process (SIGKILL after `STOP_GRACE_S`), and the launch returns 128+N.
 
-With `preload=` (the driver names trainyard's own entry modules: the built-in trainer, the pre-flight checks) a host
+With `preload=` (the driver names trainyard's own entry modules: the built-in trainer, the pre-flight checks; and
+s3fs for a trainer with checkpoints in S3) a host
 of several processes forks them from one server that imported those modules once (preload.py): one import of
 torch and the engine per host instead of one per process. Their files, variables, sessions, signals and statuses
 are as above; the server's own output goes to `<log_dir>/<run id>_<random>/preload.log`.

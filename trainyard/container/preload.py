@@ -15,8 +15,8 @@ A forked process is what a fresh `python -u -m MODULE ARGS` (or `python -u SCRIP
 - the interpreter's hash seed is the server's, the same in every process (Python's `random` is reseeded at
   fork).
 
-So the driver preloads only trainyard's own entry points (the built-in trainer, the pre-flight checks): a user's
-script runs in a fresh interpreter, as under torchrun (it may set OMP_NUM_THREADS or TORCH_LOGS before it imports
+So the driver preloads only trainyard's own entry points (the built-in trainer, the pre-flight checks; with
+checkpoints in S3, s3fs too, which the trainer imports to resume): a user's script runs in a fresh interpreter, as under torchrun (it may set OMP_NUM_THREADS or TORCH_LOGS before it imports
 torch, which a preloaded torch would ignore).
 
 The protocol, on two pipes the launcher hands over (`--requests FD --events FD`): the launcher writes one JSON
