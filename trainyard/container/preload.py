@@ -16,16 +16,18 @@ A forked process is what a fresh `python -u -m MODULE ARGS` (or `python -u SCRIP
   fork).
 
 So the driver preloads only trainyard's own entry points (the built-in trainer, the pre-flight checks; with
-checkpoints in S3, s3fs too, which the trainer imports to resume): a user's script runs in a fresh interpreter, as under torchrun (it may set OMP_NUM_THREADS or TORCH_LOGS before it imports
-torch, which a preloaded torch would ignore).
+checkpoints in S3, s3fs too, which the trainer imports to resume): a user's script runs in a fresh interpreter, as
+under torchrun (it may set OMP_NUM_THREADS or TORCH_LOGS before it imports torch, which a preloaded torch would
+ignore).
 
 The protocol, on two pipes the launcher hands over (`--requests FD --events FD`): the launcher writes one JSON
 request per process (argv, cwd, env, the stdout and stderr files) and closes its end. The server forks one process
 per request, which says `pid <index> <pid>` once it is in a session of its own (so the launcher can signal it even
 if the server is gone), then reaps them, answering `exit <pid> <status>` (Popen's returncode: -N for a signal), and
-exits once all have ended (at once: without the interpreter's teardown of what it imported). The server writes only to its own log (the launcher's `preload.log`): an import that
-fails there is printed and the processes are forked regardless, to fail at the same import with the traceback in
-their own stderr, as they would have without the server.
+exits once all have ended (at once: without the interpreter's teardown of what it imported). The server writes only
+to its own log (the launcher's `preload.log`): an import that fails there is printed and the processes are forked
+regardless, to fail at the same import with the traceback in their own stderr, as they would have without the
+server.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ number of them, the last matching pattern wins, and a pattern that matches a fol
 
 Every command goes through `runner` (subprocess.run's signature), so tests record them. Builds of one context
 folder take turns (an exclusive lock on the folder itself): a second `build` of the same checkout waits for the
-first and then finds its image, instead of building it again beside it.
+first and then, of the same variant, finds its image instead of building it again beside it.
 """
 from __future__ import annotations
 
@@ -380,19 +380,20 @@ def _turn(root: str):
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        yield
-        return
+        fd = None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(f"another build of {root} is under way: waiting for it")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # a file system without flock
-            pass
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _say(f"another build of {root} is under way: waiting for it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without flock
+                pass
         yield
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _build_variant(root: str, repository: str, dockerfile: str, variant: str, version: str, runner: Runner,
