@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import signal
 import tarfile
 import threading
 import time
@@ -100,9 +101,54 @@ def driver_of(pid: int) -> int:
     raise AssertionError("no driver above the process")
 
 
+def kill_at_once(job) -> int:
+    """SIGKILL every process of `job` at one moment, as a host that loses power ends them: each found is stopped
+    first (a stopped process forks no more), the search repeats until it finds none it has not stopped (a child
+    forked between a search and its parent's stop is found by the next), and only then are they all killed.
+    Killed one by one instead, a process forked in between would outlive its killed parent. Returns how many."""
+    stopped: list[int] = []
+    for _ in range(50):
+        new = [p for p in job_processes(job) if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            stopped.append(p)
+    for p in stopped:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(stopped)
+
+
+def describe_processes(pids) -> str:
+    """One line per process: pid, parent, state, kernel wait channel, age and command line (a failure's evidence)."""
+    tick, boot = os.sysconf("SC_CLK_TCK"), time.clock_gettime(time.CLOCK_BOOTTIME)
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/wchan") as fh:
+                wchan = fh.read().strip() or "-"
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+        except OSError:
+            lines.append(f"{pid}: gone")
+            continue
+        age = boot - int(fields[19]) / tick
+        lines.append(f"{pid}: parent {fields[1]}, state {fields[0]}, wchan {wchan}, age {age:.2f} s: {cmd}")
+    return "\n".join(lines)
+
+
 def assert_no_processes_left(job, timeout=10.0):
     within(lambda: not job_processes(job), timeout, interval=0.2)
-    assert job_processes(job) == [], f"processes of {job.name} survived"
+    left = job_processes(job)
+    assert left == [], f"processes of {job.name} survived:\n{describe_processes(left)}"
 
 
 def wait_for_log(job, text, timeout=120.0):

@@ -1,9 +1,7 @@
 """A local job killed with SIGKILL at 20 random moments (during steps and during saves) and restarted each
 time ends bit-identical to an uninterrupted run (slow: 22 real multi-process jobs)."""
 import io
-import os
 import random
-import signal
 import time
 
 import pytest
@@ -11,7 +9,7 @@ import torch
 
 from trainyard import Estimator
 
-from .helpers import assert_no_processes_left, job_processes, read_tar
+from .helpers import assert_no_processes_left, kill_at_once, read_tar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -64,11 +62,7 @@ def test_sigkill_at_random_moments_then_restart_is_bit_identical():
         time.sleep(rng.uniform(0.0, 1.0))
         if job.status() != "InProgress":
             break  # it finished before the kill: the run is complete
-        for pid in job_processes(job):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        assert kill_at_once(job) > 0
         kills += 1
         assert_no_processes_left(job)
     final = _est(checkpoint_s3_uri=uri)
