@@ -32,6 +32,7 @@ server.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -44,11 +45,20 @@ PER_PROCESS = ("RANK", "LOCAL_RANK", "ROLE_RANK", "TORCHELASTIC_ERROR_FILE")  # 
 
 
 def _preload(modules: list[str]) -> None:
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - each process imports it again, and fails there with its own traceback
-            traceback.print_exc()
+    """Import `modules`, with the garbage collector off meanwhile, then frozen: torch and the engine make some 280k
+    objects that all live on, so the collections during their import find nothing (0.6-0.9 s of CPU of the 3-4 s
+    an import takes on the CI machine), and with the objects frozen the processes forked from here never traverse
+    them again (a full collection took 0.16 s; the trainer runs one at its end) nor copy their pages to do so."""
+    gc.disable()
+    try:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - each process imports it again, and fails there with its own traceback
+                traceback.print_exc()
+    finally:
+        gc.freeze()
+        gc.enable()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
 

@@ -6,13 +6,17 @@ and exports the model unless SIGTERM stopped it.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
-from trainyard.engine import api
-from trainyard.engine.components.process_exit import exit_now
-from trainyard.engine.config import TrainConfig, parse_hyperparameters, reconcile_distribution
-from trainyard.engine.trainer import Trainer
+if __name__ == "__main__":  # a process of its own: its imports' objects all live on, as in the preload server
+    gc.disable()            # (container/preload.py), so no collection runs while they are made; frozen in `main`
+
+from trainyard.engine import api  # noqa: E402
+from trainyard.engine.components.process_exit import exit_now  # noqa: E402
+from trainyard.engine.config import TrainConfig, parse_hyperparameters, reconcile_distribution  # noqa: E402
+from trainyard.engine.trainer import Trainer  # noqa: E402
 
 
 def load_config(argv: list[str]) -> TrainConfig:
@@ -42,4 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made is never traversed again (a full collection: 0.16 s on the CI machine)
+    gc.enable()
     exit_now(main())  # after the exit handlers, without the interpreter's teardown (components/process_exit.py)
