@@ -3,12 +3,28 @@ import gc
 import os
 import re
 
+import botocore.session
 import pytest
 
 # Collecting imports every test module (torch, transformers, triton, moto): objects that all live on, so the garbage
 # collector is off until the collection ends, then they are frozen out of every later collection (as the preload
 # server does, container/preload.py): 14.0 -> 11.1 s for a collection on the CI machine, in each pytest process
 gc.disable()
+
+
+# Every boto3.Session (the tests make hundreds: one per job, backend call and check) gets botocore's loader of its
+# own, which parses the service models again: EC2's JSON alone takes 0.3-0.5 s. One loader for the whole process
+# parses each model once (a user's session already keeps its loader for every client it makes).
+_loaders: dict = {}
+
+
+def _shared_loader(search_path_string=None, _create=botocore.session.create_loader):
+    if search_path_string not in _loaders:
+        _loaders[search_path_string] = _create(search_path_string)
+    return _loaders[search_path_string]
+
+
+botocore.session.create_loader = _shared_loader
 
 
 def pytest_collection_finish(session):
