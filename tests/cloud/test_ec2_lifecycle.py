@@ -40,8 +40,8 @@ HPS = {"model": "tiny", "global_batch_size": 8, "micro_batch_size": 2, "seq_len"
 class Instances:
     """Plays the part of a job's instances: one node agent (and fake IMDS) per launched instance."""
 
-    def __init__(self, job: str, root: str):
-        self.job, self.root = job, root
+    def __init__(self, job: str, root: str, count: int = 2):
+        self.job, self.root, self.count = job, root, count
         self.agents: list[subprocess.Popen] = []
         self.imds: list[FakeImds] = []
 
@@ -53,8 +53,10 @@ class Instances:
                 {"Name": "tag:trainyard:job", "Values": [self.job]}, {"Name": "tag:trainyard:attempt", "Values": [str(attempt)]},
                 {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
 
-        # the controller launches a later attempt in its own time
-        found = eventually(launched, timeout, interval=0.5, what=f"attempt {attempt} launched")
+        # the controller launches a later attempt in its own time; all of its instances, or a poll in the middle of
+        # the server's RunInstances may see only the first (attempt 2 then waited for a host that never started)
+        found = eventually(lambda: (lambda f: f if len(f) >= self.count else None)(launched()), timeout, interval=0.5,
+                           what=f"attempt {attempt}'s {self.count} instances launched")
         running = now_iso()
         template = ec2.describe_launch_templates(Filters=[{"Name": "tag:trainyard:job", "Values": [self.job]}])
         data = ec2.describe_launch_template_versions(
