@@ -1,6 +1,6 @@
 """Auto-resume of local jobs (max_retry_attempts): a rank killed mid-training restarts the whole job from its
-last committed checkpoint and ends with the weights of an uninterrupted run; a user error is not retried
-(slow: real multi-process jobs)."""
+last committed checkpoint and ends with the weights of an uninterrupted run (slow: real multi-process jobs). That a
+user error is not retried: tests/e2e/test_local_scripts.py's failing rank."""
 import io
 import os
 import signal
@@ -11,7 +11,7 @@ import torch
 from trainyard import Estimator
 from trainyard.errors import JobFailedError
 
-from .helpers import SCRIPTS, assert_no_processes_left, beat_at_step, read_tar, store_client
+from .helpers import assert_no_processes_left, beat_at_step, read_tar
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -81,19 +81,6 @@ def test_a_flipped_bit_is_caught_from_the_replicas_and_the_retry_ends_with_the_c
     assert (tmp_path / "flipped").exists()
     b = _weights(faulty)
     assert all(torch.equal(clean[k], b[k]) for k in clean)
-
-
-def test_a_user_error_is_not_retried():
-    est = Estimator(entry_point="sm_train.py", source_dir=SCRIPTS, instance_type="local", instance_count=2,
-                    processes_per_host=2, max_run=240, max_retry_attempts=2,
-                    hyperparameters={"mode": "raise", "fail_rank": 3})
-    store_client().put_object(Bucket="e2e-resume", Key="train/a.txt", Body=b"a")
-    with pytest.raises(JobFailedError, match="ValueError: boom on rank 3"):
-        est.fit({"train": "s3://e2e-resume/train"}, logs=False)
-    d = est.latest_training_job.describe()
-    assert [(a["Attempt"], a["Outcome"], a["RetryClass"]) for a in d["Attempts"]] == [(1, "Failed", None)]
-    assert "Restarting" not in [t["Status"] for t in d["SecondaryStatusTransitions"]]
-    assert "not retried" in est.latest_training_job.log_text()
 
 
 ATTEMPTS = '''\

@@ -25,10 +25,21 @@ def _est(steps, **kw):
     return Estimator(**args)
 
 
-def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
-    ckpt = "s3://e2e-ckpt/run-1"
-    est = _est(10, checkpoint_s3_uri=ckpt, hyperparameters={**HPS, "steps": 10, "checkpoint_every": 4})
+CKPT = "s3://e2e-ckpt/run-1"
+
+
+@pytest.fixture(scope="module")
+def ten_steps():
+    """10 steps of ZeRO-3 over 2 hosts x 2 (the default layout), a checkpoint every 4: the job the checkpoint and
+    resume test follows, and whose first 5 losses are the loss-curve test's ZeRO-3 curve (the schedule is fixed by
+    decay_steps, and saving changes no number)."""
+    est = _est(10, checkpoint_s3_uri=CKPT, hyperparameters={**HPS, "steps": 10, "checkpoint_every": 4})
     est.fit(logs=False)
+    return est
+
+
+def test_train_checkpoint_resume_on_two_hosts(ten_steps, monkeypatch, tmp_path):
+    ckpt, est = CKPT, ten_steps
     job = est.latest_training_job
     m = job.metrics()
     assert [r["step"] for r in m] == list(range(1, 11))
@@ -61,15 +72,16 @@ def test_train_checkpoint_resume_on_two_hosts(monkeypatch, tmp_path):
     assert "resumed from step 10 at s3://e2e-ckpt/run-1" in again.latest_training_job.log_text()
 
 
-def test_loss_curve_independent_of_process_count_and_layout():
-    """1 process, ZeRO-3 over 2 hosts x 2 (the default) and context parallelism 2 x MiCS p=1 (each host's 2 ranks
-    split every sequence and share one partition group; the hosts are 2 replicas): one loss curve (fp32)."""
-    runs = {"one": _est(5, instance_count=1, processes_per_host=1), "zero3": _est(5),
+def test_loss_curve_independent_of_process_count_and_layout(ten_steps):
+    """1 process, ZeRO-3 over 2 hosts x 2 (the default: the first 5 steps of `ten_steps`) and context parallelism
+    2 x MiCS p=1 (each host's 2 ranks split every sequence and share one partition group; the hosts are 2
+    replicas): one loss curve (fp32)."""
+    runs = {"one": _est(5, instance_count=1, processes_per_host=1), "zero3": ten_steps,
             "mics": _est(5, distribution={"context_parallel_degree": 2, "mics": {"partition_group_size": 1}})}
-    curves = {}
-    for name, est in runs.items():
-        est.fit(logs=False)
-        curves[name] = [r["loss"] for r in est.latest_training_job.metrics()]
+    curves = {"zero3": [r["loss"] for r in ten_steps.latest_training_job.metrics()][:5]}
+    for name in ("one", "mics"):
+        runs[name].fit(logs=False)
+        curves[name] = [r["loss"] for r in runs[name].latest_training_job.metrics()]
     assert ("cp 2 (zig-zag ring attention) x partition groups of 1 x cp 2 x 2 replica(s)"
             in runs["mics"].latest_training_job.log_text())
     assert "partition groups of 4 x 1 replica(s)" in runs["zero3"].latest_training_job.log_text()

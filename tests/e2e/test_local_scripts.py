@@ -66,8 +66,9 @@ def test_sagemaker_script_runs_unchanged(dataset, capsys):
     assert r.stdout.strip() == "Completed"
 
 
-def test_failing_rank_names_host_rank_and_exception(dataset):
-    est = _est(hyperparameters={"mode": "raise", "fail_rank": 3})
+def test_failing_rank_names_host_rank_and_exception_and_a_user_error_is_not_retried(dataset):
+    # retries allowed: a user's exception is not retried (auto-resume retries killed processes, hangs, lost hosts)
+    est = _est(hyperparameters={"mode": "raise", "fail_rank": 3}, max_retry_attempts=2)
     with pytest.raises(JobFailedError) as e:
         est.fit({"train": dataset}, logs=False)
     msg = str(e.value)
@@ -76,6 +77,9 @@ def test_failing_rank_names_host_rank_and_exception(dataset):
     d = est.latest_training_job.describe()
     assert d["TrainingJobStatus"] == "Failed"
     assert d["FailureReason"] == e.value.reason and len(d["FailureReason"]) <= 1024
+    assert [(a["Attempt"], a["Outcome"], a["RetryClass"]) for a in d["Attempts"]] == [(1, "Failed", None)]
+    assert "Restarting" not in [t["Status"] for t in d["SecondaryStatusTransitions"]]
+    assert "not retried" in est.latest_training_job.log_text()
     assert_no_processes_left(est.latest_training_job)
 
 
