@@ -6,10 +6,6 @@ import re
 import botocore.session
 import pytest
 
-# Collecting imports every test module (torch, transformers, triton, moto): objects that all live on, so the garbage
-# collector is off until the collection ends, then they are frozen out of every later collection (as the preload
-# server does, container/preload.py): 14.0 -> 11.1 s for a collection on the CI machine, in each pytest process
-gc.disable()
 
 
 # Every boto3.Session (the tests make hundreds: one per job, backend call and check) gets botocore's loader of its
@@ -18,18 +14,36 @@ gc.disable()
 _loaders: dict = {}
 
 
+class _OncePaths(list):
+    """A loader's search paths, each kept once: boto3 appends its data folder at every Session."""
+
+    def append(self, path):
+        if path not in self:
+            super().append(path)
+
+
 def _shared_loader(search_path_string=None, _create=botocore.session.create_loader):
     if search_path_string not in _loaders:
-        _loaders[search_path_string] = _create(search_path_string)
+        loader = _loaders[search_path_string] = _create(search_path_string)
+        loader._search_paths = _OncePaths(loader.search_paths)
     return _loaders[search_path_string]
 
 
 botocore.session.create_loader = _shared_loader
 
 
-def pytest_collection_finish(session):
-    gc.freeze()
-    gc.enable()
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Collecting imports every test module (torch, transformers, triton, moto): objects that all live on, so the
+    garbage collector is off meanwhile, then they are frozen out of every later collection (as the preload server
+    does, container/preload.py): 14.0 -> 10.0 s for a collection on the CI machine. A wrapper, so that it also ends
+    in pytest-xdist's controller, which collects nothing."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def pytest_unconfigure(config):

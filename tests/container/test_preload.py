@@ -14,11 +14,12 @@ from trainyard.container.launcher import run_processes
 from trainyard.container.preload import PER_PROCESS
 
 SCRIPT = """
-import json, os, sys
+import gc, json, os, sys
 mode = sys.argv[1]
 rank = int(os.environ["RANK"])
 json.dump({"argv": sys.argv, "cwd": os.getcwd(), "name": __name__, "session": os.getsid(0) == os.getpid(),
-           "preloaded": "email.mime.text" in sys.modules, "path0": sys.path[0],
+           "preloaded": "email.mime.text" in sys.modules, "path0": sys.path[0], "gc": gc.isenabled(),
+           "frozen": gc.get_freeze_count(),
            "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "TORCHELASTIC_ERROR_FILE", "EXTRA")}},
           open(os.path.join(sys.argv[2], f"seen-{rank}.json"), "w"))
 if mode == "raise" and rank == 1:
@@ -48,6 +49,8 @@ def test_a_forked_process_is_what_a_fresh_one_would_be(tmp_path, monkeypatch):
         assert seen["argv"] == [str(tmp_path / "w.py"), "ok", str(tmp_path)]
         assert seen["cwd"] == str(tmp_path) and seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
         assert seen["session"] and seen["preloaded"]
+        # the preload's objects frozen out of its collections (preload.py), the collector itself on, as in a fresh one
+        assert seen["gc"] and seen["frozen"] > 1000, seen
         assert seen["env"]["RANK"] == seen["env"]["LOCAL_RANK"] == str(rank) and seen["env"]["EXTRA"] == "x"
         assert seen["env"]["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
     # one server per launch, and its log beside the ranks' folders

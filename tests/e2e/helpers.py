@@ -101,10 +101,26 @@ def driver_of(pid: int) -> int:
     raise AssertionError("no driver above the process")
 
 
+def _halted(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (or the process is gone, or a zombie)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] not in "tTZX":
+                    return False
+        except OSError:
+            continue
+    return True
+
+
 def kill_at_once(job) -> int:
     """SIGKILL every process of `job` at one moment, as a host that loses power ends them: each found is stopped
-    first (a stopped process forks no more), the search repeats until it finds none it has not stopped (a child
-    forked between a search and its parent's stop is found by the next), and only then are they all killed.
+    first, and once all of them are seen stopped (a fork under way when SIGSTOP came completes first: its child is
+    then there to find) the search repeats until it finds none it has not stopped; only then are they all killed.
     Killed one by one instead, a process forked in between would outlive its killed parent. Returns how many."""
     stopped: list[int] = []
     for _ in range(50):
@@ -117,6 +133,7 @@ def kill_at_once(job) -> int:
             except ProcessLookupError:
                 continue
             stopped.append(p)
+        within(lambda: all(_halted(p) for p in stopped), 10.0, interval=0.01)
     for p in stopped:
         try:
             os.kill(p, signal.SIGKILL)

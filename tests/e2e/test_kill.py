@@ -62,7 +62,8 @@ def test_sigkill_at_random_moments_then_restart_is_bit_identical():
         time.sleep(rng.uniform(0.0, 1.0))
         if job.status() != "InProgress":
             break  # it finished before the kill: the run is complete
-        assert kill_at_once(job) > 0
+        if not kill_at_once(job):
+            break  # it ended meanwhile: the run is complete
         kills += 1
         assert_no_processes_left(job)
     final = _est(checkpoint_s3_uri=uri)

@@ -48,7 +48,8 @@ def _preload(modules: list[str]) -> None:
     """Import `modules`, with the garbage collector off meanwhile, then frozen: torch and the engine make some 280k
     objects that all live on, so the collections during their import find nothing (0.6-0.9 s of CPU of the 3-4 s
     an import takes on the CI machine), and with the objects frozen the processes forked from here never traverse
-    them again (a full collection took 0.16 s; the trainer runs one at its end) nor copy their pages to do so."""
+    them again (a full collection took 0.16 s; the trainer runs one at its end) nor copy their pages to do so. What
+    must find objects through `gc.get_objects()` does so during the imports (the engine's lazy_dynamo.defer)."""
     gc.disable()
     try:
         for name in modules:

@@ -200,7 +200,9 @@ def deferred() -> bool:
 def defer() -> int:
     """Put the stand-in in place; returns how many `torch._disable_dynamo` functions it covers (0 and nothing
     changed when the real package is imported already, with `TRAINYARD_EAGER_DYNAMO=1`, or on a torch whose
-    wrapper this does not know)."""
+    wrapper this does not know). It finds the wrappers with `gc.get_objects()`, which leaves out frozen objects: it
+    runs while the engine is imported, before the preload server, the trainer and the tests freeze what their
+    imports made (`gc.freeze()`); called after such a freeze it would cover none of torch's."""
     if NAME in sys.modules or os.environ.get("TRAINYARD_EAGER_DYNAMO") == "1":
         return 0
     import torch
