@@ -6,8 +6,6 @@ import re
 import botocore.session
 import pytest
 
-
-
 # Every boto3.Session (the tests make hundreds: one per job, backend call and check) gets botocore's loader of its
 # own, which parses the service models again: EC2's JSON alone takes 0.3-0.5 s. One loader for the whole process
 # parses each model once (a user's session already keeps its loader for every client it makes).

@@ -11,7 +11,7 @@ import os
 import sys
 
 if __name__ == "__main__":  # a process of its own: its imports' objects all live on, as in the preload server
-    gc.disable()            # (container/preload.py), so no collection runs while they are made; frozen at the end
+    gc.disable()            # (container/preload.py), so no collection runs while they are made; frozen before main
 
 from trainyard.engine import api  # noqa: E402
 from trainyard.engine.components.process_exit import exit_now  # noqa: E402
