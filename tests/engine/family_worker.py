@@ -20,6 +20,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import trainyard.engine as te
 from trainyard.engine.components.process_exit import exit_now
@@ -64,7 +65,11 @@ def probe() -> torch.Tensor:
 
 
 def optimizer(params):
-    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1)
+    # foreach where it can (the CPU default loops over every shard's ops): not over a mix of DTensors and plain
+    # tensors, as TP alone leaves the parameters outside the family's plan
+    params = list(params)
+    foreach = len({isinstance(p, DTensor) for p in params}) == 1
+    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=foreach)
 
 
 def train_sharded(case: dict):

@@ -30,7 +30,7 @@ SEQ, SEED, LR, CLIP = 16, 5, 1e-3, 0.05  # CLIP well below the gradient norm: cl
 
 def optimizer(model):
     # eps large enough that near-zero gradients do not turn summation-order noise into whole updates
-    return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5, weight_decay=0.1)
+    return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)  # the CPU default loops over every shard
 
 
 def oracle(global_batch: int) -> dict[str, torch.Tensor]:
@@ -134,19 +134,25 @@ def check_collectives(pph: int) -> dict[str, bool]:
 
 
 def check_host_norm(pph: int) -> bool:
-    """parallelize.host_squared_norm (the gradient norm of CPU-offloaded shards, summed over the mesh dimensions
-    that shard them) equals the norm of the full tensors, on a 2-D (replicate, shard) mesh and a 1-D one."""
+    """parallelize.sharded_squared_norm (the gradient norm from the local shards, summed over the mesh dimensions
+    that shard them; CPU-offloaded ones too) equals the norm of the full tensors: on a 2-D (replicate, shard) mesh,
+    a 1-D one, and a 2-D one sharding one dim twice (TP x MiCS's `_StridedShard`, which is no `Shard` in torch
+    2.13: counted as replicated, the norm once missed the other shards)."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from trainyard.engine.distributed.parallelize import host_squared_norm
+    from torch.distributed.tensor.placement_types import _StridedShard
+    from trainyard.engine.distributed.parallelize import sharded_squared_norm
     world = dist.get_world_size()
     dims = ParallelDims(dp_replicate=2, dp_shard=world // 2, world_size=world, processes_per_host=pph)
     dims.build_mesh("cpu")
     g = torch.Generator().manual_seed(7)  # every rank the same full tensors
-    full = [torch.randn(12, 5, generator=g), torch.randn(9, generator=g)]
-    want = sum(t.pow(2).sum() for t in full)
+    full = [torch.randn(12, 5, generator=g), torch.randn(9, generator=g)]  # 9: uneven shards
+    even = [full[0], torch.randn(8, generator=g)]  # distribute_tensor takes only even strided shards
     ok = True
-    for mesh, placements in ((dims.dp_mesh(), [Replicate(), Shard(0)]), (dims.mesh["dp_shard"], [Shard(0)])):
-        got = host_squared_norm([distribute_tensor(t, mesh, placements) for t in full])
+    for mesh, placements, tensors in ((dims.dp_mesh(), [Replicate(), Shard(0)], full),
+                                      (dims.mesh["dp_shard"], [Shard(0)], full),
+                                      (dims.dp_mesh(), [_StridedShard(0, split_factor=2), Shard(0)], even)):
+        want = sum(t.pow(2).sum() for t in tensors)
+        got = sharded_squared_norm([distribute_tensor(t, mesh, placements) for t in tensors])
         ok = ok and abs(got.item() - want.item()) <= 1e-5 * want.item()
     return ok
 

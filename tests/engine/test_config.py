@@ -198,3 +198,41 @@ def test_fine_tuning_layouts_the_trainer_refuses_are_refused_with_the_distributi
     with pytest.raises(ValueError, match=message):
         reconcile_distribution(cfg, Parallelism.parse(distribution), world_size=4)
     reconcile_distribution(cfg, Parallelism.parse({}), world_size=4)  # the same options on MiCS alone pass
+
+
+
+def test_the_cpu_optimizer_is_foreach_where_it_can_be_and_steps_as_the_default_loop(engine):
+    """On a CPU host build_optimizer asks for foreach AdamW (PyTorch's default there loops op by op over every
+    DTensor shard), which steps bit-identically to that loop; a mix of DTensors and plain tensors (TP alone
+    leaves some parameters plain) keeps the default: foreach takes no mix."""
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    from trainyard.engine.components.optim import build_optimizer
+
+    mesh = init_device_mesh("cpu", (1,))
+
+    def model(dtensor: bool) -> nn.Module:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 4), nn.LayerNorm(4))
+        if dtensor:  # the Linear's weight only: a mix
+            m[0].weight = nn.Parameter(distribute_tensor(m[0].weight.detach(), mesh, [Replicate()]))
+        return m
+
+    plain, mixed, loop = model(False), model(True), model(False)
+    opts = [build_optimizer(m, lr=0.1, weight_decay=0.1) for m in (plain, mixed, loop)]
+    assert [o.defaults["foreach"] for o in opts[:2]] == [True, None]
+    for group in opts[2].param_groups:
+        group["foreach"] = False  # PyTorch's loop
+    for step in range(3):
+        for m, opt in zip((plain, mixed, loop), opts):
+            for i, p in enumerate(m.parameters()):
+                grad = torch.linspace(-1.0, 1.0 + step, p.numel()).reshape(p.shape) * (i + 1)
+                p.grad = distribute_tensor(grad, mesh, [Replicate()]) if isinstance(p, DTensor) else grad
+            opt.step()
+    for a, b, c in zip(plain.parameters(), mixed.parameters(), loop.parameters()):
+        b = b.full_tensor() if isinstance(b, DTensor) else b
+        assert torch.equal(a, c) and torch.equal(a, b)
+    assert not torch.equal(plain[0].weight, model(False)[0].weight)  # it stepped

@@ -37,6 +37,7 @@ PRIVATE = {
     "torch.cuda.memory._dump_snapshot": "the profiler's memory snapshots",
     "torch.autograd.Variable._execution_engine": "the MiCS gradient sync's end-of-backward callback",
     "torch._foreach_mul_": "clipping many gradient shards at once",
+    "torch._foreach_norm": "the gradient norm of many local shards at once (parallelize.sharded_squared_norm)",
     "torch._C._distributed_c10d._resolve_process_group": "the comm meter names a functional collective's group",
     "torch.distributed.pipelining.schedules._batch_p2p": "the comm meter counts pipeline sends",
     "torch._compile": "lazy_dynamo: the module of torch's `_disable_dynamo` decorator, replaced while deferred",

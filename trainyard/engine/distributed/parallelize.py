@@ -426,10 +426,10 @@ def clip_grad_norm(model: nn.Module, dims: ParallelDims, max_norm: float) -> flo
         key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else None
         groups.setdefault(key, []).append(g)
     squared = torch.zeros((), device=dims.mesh.device_type, dtype=torch.float32)
-    for group in groups.values():
-        if isinstance(group[0], DTensor) and group[0].device.type != dims.mesh.device_type:
-            squared += host_squared_norm(group)  # CPU-offloaded shards of a GPU mesh
-        else:
+    for key, group in groups.items():
+        if key is not None and not any(p.is_partial() for p in key[1]):
+            squared += sharded_squared_norm(group).to(squared.device)
+        else:  # plain tensors, and partial sums (their norm needs the reduced values: DTensor's own)
             squared += plain(torch.nn.utils.get_total_norm(group, 2.0)).float().pow(2)
     if dims.pp > 1:
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=dims.mesh.get_group("pp"))
@@ -443,16 +443,19 @@ def clip_grad_norm(model: nn.Module, dims: ParallelDims, max_norm: float) -> flo
     return value
 
 
-def host_squared_norm(grads: list[DTensor]) -> torch.Tensor:
-    """The squared 2-norm of DTensor gradients of one mesh and placement whose local shards live in host memory
-    (CPU offload) while the mesh's collectives run on its device (NCCL takes no CPU tensors): the local sum of
-    squares, moved to the device, summed over the mesh dimensions that shard (or hold partial sums of) them."""
+def sharded_squared_norm(grads: list[DTensor]) -> torch.Tensor:
+    """The squared 2-norm of DTensor gradients of one mesh and placement (sharded or replicated, not partial):
+    the local shards' sum of squares, on the mesh's device, summed over the mesh dimensions that shard them.
+    One all-reduce a dimension, where DTensor's own norm (`get_total_norm`) dispatched and propagated shardings
+    for every gradient: on a CPU step of a small model that was most of the clipping's time. The local shards
+    may live in host memory (CPU offload) while the mesh's collectives run on its device (NCCL takes no CPU
+    tensors): the sum moves to the device first."""
     mesh, placements = grads[0].device_mesh, grads[0].placements
-    local = sum((torch.linalg.vector_norm(g.to_local(), 2.0, dtype=torch.float32).pow(2) for g in grads),
-                torch.zeros((), dtype=torch.float32))
-    total = local.to(mesh.device_type)
+    local = [g.to_local() for g in grads]
+    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in local], 2.0)
+    total = torch.stack(norms).pow(2).sum().to(mesh.device_type)
     for dim, placement in enumerate(placements):
-        if not placement.is_replicate() and mesh.size(dim) > 1:
+        if not placement.is_replicate() and mesh.size(dim) > 1:  # Shard, _StridedShard (not a Shard in torch 2.13)
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
     return total
 
