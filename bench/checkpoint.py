@@ -5,7 +5,9 @@
 One process, the built-in model with AdamW state after one step (fp32: parameters, two moments and the
 step counters), saved to and loaded from the embedded store (the moto S3 server over HTTP on 127.0.0.1,
 objects written through to disk) through `trainyard/engine/components/checkpoint.py` (DCP + s3fs, checksums, tensors only).
-The raw baseline puts and gets the same files, same sizes, with s3fs directly. Per entry: `bytes`,
+The raw baseline puts and gets the same files, same sizes, with s3fs directly (`pipe`: 50 MiB parts; `cat`: ranged
+GETs in parallel). The checkpoint sends 8 MiB parts and reads each file in one streamed GET: the same transfers
+made raw ("raw, as the checkpoint") show what the checkpoint's own work costs over them (`vs same`). Per entry: `bytes`,
 `seconds` (median of the repeats), `ratio_to_raw` (throughput / raw throughput, the median over the
 repeats of each repeat's ratio: the pair runs back to back, so machine noise cancels; goal >= 0.95),
 `blocking_seconds` (the time the training loop waits: all of a synchronous save; for an async one, the call
@@ -57,8 +59,12 @@ def main() -> int:
     sched.step()
 
     fs = fsspec.filesystem("s3", **ckpt.storage_options("s3://x"))
-    runs: dict[str, list[float]] = {k: [] for k in ("save", "load", "raw_put", "raw_get", "async_blocking",
-                                                     "async_total", "save_gbps", "load_gbps", "step")}
+    runs: dict[str, list[float]] = {k: [] for k in ("save", "load", "raw_put", "raw_get", "same_put", "same_get",
+                                                     "async_blocking", "async_total", "save_gbps", "load_gbps",
+                                                     "step")}
+    from fsspec.asyn import sync
+
+    from trainyard.engine.components.checkpoint.io import _get_whole, put_in_parts
     batch = torch.randint(0, MODEL_CONFIGS[a.model].vocab_size, (2, 128))  # the step after an async save
     nbytes = 0
     for r in range(a.repeats):
@@ -86,6 +92,17 @@ def main() -> int:
         for key in blobs:
             fs.cat(key)
         runs["raw_get"].append(time.perf_counter() - t)
+        # the checkpoint's transfers, made raw: 8 MiB parts, one streamed GET a file; other random bytes (the store
+        # keeps one copy on disk of equal contents: the same bytes again would skip its write)
+        blobs = {key: os.urandom(len(blob)) for key, blob in blobs.items()}
+        t = time.perf_counter()
+        for key, blob in blobs.items():
+            put_in_parts(fs, f"{key}.same", blob)
+        runs["same_put"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for key in blobs:
+            sync(fs.loop, _get_whole, fs, f"{key}.same")
+        runs["same_get"].append(time.perf_counter() - t)
         saver = ckpt.AsyncSaver(f"s3://{bucket}/async-{r}", keep_last=2, say=lambda m: None)
         t = time.perf_counter()
         blocked = saver.save(1, model, opt, sched)
@@ -114,8 +131,12 @@ def main() -> int:
          "ratio_to_raw": ratio("raw_put", "save"), "blocking_seconds": med["save"], "rank_gbps": med["save_gbps"]},
         {"name": "checkpoint save (async)", "bytes": nbytes, "seconds": med["async_total"],
          "ratio_to_raw": ratio("raw_put", "async_total"), "blocking_seconds": med["async_blocking"]},
+        {"name": "raw put, as the checkpoint", "bytes": nbytes, "seconds": med["same_put"],
+         "ratio_to_raw": ratio("raw_put", "same_put"), "blocking_seconds": med["same_put"]},
         {"name": "raw s3fs get", "bytes": nbytes, "seconds": med["raw_get"], "ratio_to_raw": 1.0,
          "blocking_seconds": med["raw_get"]},
+        {"name": "raw get, as the checkpoint", "bytes": nbytes, "seconds": med["same_get"],
+         "ratio_to_raw": ratio("raw_get", "same_get"), "blocking_seconds": med["same_get"]},
         {"name": "checkpoint load (verified)", "bytes": nbytes, "seconds": med["load"],
          "ratio_to_raw": ratio("raw_get", "load"), "blocking_seconds": med["load"], "rank_gbps": med["load_gbps"]},
     ]
@@ -126,8 +147,11 @@ def main() -> int:
         print(f"{e['name']:<28}{e['bytes'] / 1e6:>8.1f}{e['seconds']:>8.2f}{e['bytes'] / 1e6 / e['seconds']:>8.1f}"
               f"{e['ratio_to_raw']:>8.2f}{e['blocking_seconds']:>12.3f}{gbps}")
     share = statistics.median(b / s for b, s in zip(runs["async_blocking"], runs["save"]))
-    print(f"goal save and load >= 0.95 x raw: {entries[1]['ratio_to_raw']:.2f}, {entries[4]['ratio_to_raw']:.2f}; "
-          f"async blocking <= 2% of sync: {share:.1%} (the step it overlaps: {med['step']:.3f} s)")
+    save, load = (next(e for e in entries if e["name"] == n) for n in ("checkpoint save (sync)",
+                                                                      "checkpoint load (verified)"))
+    print(f"goal save and load >= 0.95 x raw: {save['ratio_to_raw']:.2f}, {load['ratio_to_raw']:.2f}; "
+          f"async blocking <= 2% of sync: {share:.1%} (the step it overlaps: {med['step']:.3f} s); vs the same "
+          f"transfers made raw: save {ratio('same_put', 'save'):.2f}, load {ratio('same_get', 'load'):.2f}")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as fh:

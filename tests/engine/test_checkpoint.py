@@ -490,3 +490,96 @@ def test_a_stalled_store_request_times_out_within_the_read_timeout(monkeypatch):
         s3.head_object(Bucket="stalled", Key="ckpt/step-00000001/.metadata")
     assert time.monotonic() - started < 5
     server.close()
+
+
+def _s3fs(monkeypatch, fail=None):
+    """The checkpoint's s3fs filesystem with `_call_s3` counted by method (and `fail(method, count)` raising where it
+    returns an exception): a fake of our own in front of the real requests to the moto server."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **ckpt.storage_options("s3://x"))
+    calls: dict[str, int] = {}
+    real = fs._call_s3
+
+    async def counted(method, *args, **kwargs):
+        calls[method] = calls.get(method, 0) + 1
+        error = fail(method, calls[method], kwargs) if fail else None
+        if error is not None:
+            raise error
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "_call_s3", counted)
+    return fs, calls
+
+
+def test_a_large_rank_file_goes_up_in_parts_and_a_failed_part_leaves_nothing(s3_bucket, monkeypatch):
+    import os
+
+    from trainyard.engine.components.checkpoint import io
+
+    monkeypatch.setattr(io, "PART_BYTES", 5 * 2**20)  # S3's least part size: 3 parts of this file
+    data = os.urandom(11 * 2**20)
+    fs, calls = _s3fs(monkeypatch)
+    io.put_in_parts(fs, f"{s3_bucket}/whole", data)
+    assert calls["upload_part"] == 3 and calls["complete_multipart_upload"] == 1 and "put_object" not in calls
+    assert fs.cat(f"{s3_bucket}/whole") == data
+    io.put_in_parts(fs, f"{s3_bucket}/small", data[:100])  # one part's worth: one put
+    assert calls.get("put_object") == 1 and fs.cat(f"{s3_bucket}/small") == data[:100]
+
+    def second_part_fails(method, count, kwargs):
+        return OSError("injected") if method == "upload_part" and kwargs["PartNumber"] == 2 else None
+
+    fs, calls = _s3fs(monkeypatch, second_part_fails)
+    with pytest.raises(OSError, match="injected"):
+        io.put_in_parts(fs, f"{s3_bucket}/broken", data)
+    assert calls["abort_multipart_upload"] == 1 and "complete_multipart_upload" not in calls
+    assert not fs.exists(f"{s3_bucket}/broken")
+    import boto3
+
+    assert not boto3.client("s3").list_multipart_uploads(Bucket=s3_bucket).get("Uploads")  # no part stays stored
+
+
+class _CutBody:
+    """A GET's body that ends after `keep` bytes of `data` (a connection that broke off): a fake of our own."""
+
+    def __init__(self, data: bytes, keep: int, error: Exception | None = None) -> None:
+        self.data, self.keep, self.error, self.at = data, keep, error, 0
+
+    async def read(self, n: int) -> bytes:
+        if self.at >= self.keep:
+            if self.error is not None:
+                raise self.error
+            return b""
+        chunk = self.data[self.at:min(self.keep, self.at + n, self.at + 1000)]
+        self.at += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_data_file_is_read_in_one_get_with_its_crc_and_a_body_cut_short_is_fetched_again(s3_bucket, monkeypatch):
+    import zlib
+
+    from trainyard.engine.components.checkpoint import io
+
+    data = bytes(range(256)) * 40
+    fs, _ = _s3fs(monkeypatch)
+    fs.pipe_file(f"{s3_bucket}/step/rank-00000/__0_0.distcp", data)
+    cuts = iter([_CutBody(data, 3000), _CutBody(data, 5000, ConnectionResetError("reset"))])
+    gets = []
+
+    async def get(method, *args, **kwargs):
+        assert method == "get_object", method
+        gets.append(kwargs["Key"])
+        cut = next(cuts, None)
+        return {"ContentLength": len(data), "Body": cut or _CutBody(data, len(data))}
+
+    monkeypatch.setattr(fs, "_call_s3", get)
+    reads = io._WholeFileReads.__new__(io._WholeFileReads)
+    reads.fs, reads.root, reads.verify = fs, f"{s3_bucket}/step", True
+    got, crc = reads.read_file(f"{s3_bucket}/step/rank-00000/__0_0.distcp")
+    assert bytes(got) == data and crc == zlib.crc32(data) and len(gets) == 3  # short, then reset, then whole
+    cuts = iter([_CutBody(data, 10) for _ in range(io.READ_ATTEMPTS)])
+    with pytest.raises(OSError, match=f"the body ended after 10 of {len(data)} bytes"):
+        reads.read_file(f"{s3_bucket}/step/rank-00000/__0_0.distcp")
