@@ -1,6 +1,6 @@
 """Checkpoint throughput to the object store against raw s3fs, and what async saving saves the loop.
 
-    python bench/checkpoint.py [--model 10m] [--repeats 3] [--json PATH]
+    python bench/checkpoint.py [--model 10m] [--repeats 7] [--json PATH]
 
 One process, the built-in model with AdamW state after one step (fp32: parameters, two moments and the
 step counters), saved to and loaded from the embedded store (the moto S3 server over HTTP on 127.0.0.1,
@@ -33,7 +33,7 @@ from trainyard.engine.components.fingerprint import this_machine
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="10m")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default=None)
     a = p.parse_args()
 

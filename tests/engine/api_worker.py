@@ -100,7 +100,8 @@ def batch(step: int, rows: int) -> torch.Tensor:
 
 def optimizer(params):
     # eps large enough that near-zero gradients do not turn summation-order noise into whole updates
-    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)  # the CPU default loops over every shard
+    # foreach: the CPU default loops op by op over every shard
+    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)
 
 
 def fresh(kind: str) -> nn.Module:

@@ -33,7 +33,8 @@ def batch(step: int, rows: int) -> torch.Tensor:
 
 
 def optimizer(params):
-    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)  # the CPU default loops over every shard
+    # foreach: the CPU default loops op by op over every shard
+    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)
 
 
 def oracle(rows: int, steps: list[int]) -> tuple[dict, dict]:

@@ -451,8 +451,7 @@ def sharded_squared_norm(grads: list[DTensor]) -> torch.Tensor:
     may live in host memory (CPU offload) while the mesh's collectives run on its device (NCCL takes no CPU
     tensors): the sum moves to the device first."""
     mesh, placements = grads[0].device_mesh, grads[0].placements
-    local = [g.to_local() for g in grads]
-    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in local], 2.0)
+    norms = torch._foreach_norm([g.to_local() for g in grads], 2.0, dtype=torch.float32)  # no float32 copies
     total = torch.stack(norms).pow(2).sum().to(mesh.device_type)
     for dim, placement in enumerate(placements):
         if not placement.is_replicate() and mesh.size(dim) > 1:  # Shard, _StridedShard (not a Shard in torch 2.13)

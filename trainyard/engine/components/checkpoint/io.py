@@ -4,17 +4,17 @@ reads is checked before its bytes are used, and nothing is unpickled beyond DCP'
 Write (`VerifiedWriter`, a DCP `FsspecWriter`): each rank writes one safetensors file under a key prefix
 of its own (`rank-00003/__3_0.distcp`: its shard of every tensor, keyed by name; to S3 in 8 MiB parts, several
 in flight: `put_in_parts`); every data file goes through a CRC-32 as it is written, and each rank then writes
-`rank-00003/__3.checksums.json` ({file: {"size", "crc32"}}) next to its files. DCP's coordinator writes `.metadata` (the commit marker)
-only after every rank's `write_data` returned, so a committed step always has its manifests.
+`rank-00003/__3.checksums.json` ({file: {"size", "crc32"}}) next to its files. DCP's coordinator writes
+`.metadata` (the commit marker) only after every rank's `write_data` returned, so a committed step always has
+its manifests.
 
 Read (`SafeReader`, a DCP `FsspecReader`): `.metadata` is a pickle written by DCP; it is read with an
 unpickler that only builds the classes DCP's metadata is made of (a crafted `.metadata` that names
 anything else is refused, not run). A step whose metadata holds non-tensor (pickled) entries is refused:
 DCP would `torch.load(weights_only=False)` them. Trainyard saves only tensors. Each data file is read
 whole, in one request (from S3 streamed, its CRC-32 summed as it arrives), (by default) checked against its
-manifest, and parsed once as safetensors (a
-JSON header and raw bytes: no unpickling at all, where DCP's default format is one `torch.save` zip
-per tensor, each `torch.load`ed).
+manifest, and parsed once as safetensors (a JSON header and raw bytes: no unpickling at all, where DCP's
+default format is one `torch.save` zip per tensor, each `torch.load`ed).
 
 `verify_step` checks a whole step without loading it: every file `.metadata` references exists with
 the recorded size and CRC-32; ranks share the reading (each checks every world-th file).
