@@ -162,6 +162,64 @@ def test_damaged_newest_step_is_skipped_with_a_warning(uri, how):
         ckpt.resume(uri, fresh, fresh_opt, fresh_sched, warn=warnings.append)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_direct_load_of_a_damaged_step_raises_checkpoint_damaged_and_copies_nothing(uri):
+    """A rank's file is checked before any of it is copied: a load that fails leaves the model as it was, and the
+    error is CheckpointDamaged (DCP's own CheckpointException, a BaseException, is what wraps it)."""
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 1)
+    ckpt.save_checkpoint(uri, 1, model, opt, sched)
+    _damage(uri, 1, "flipped")  # the header still parses: the bytes would be copied
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ckpt.CheckpointDamaged, match="crc32"):
+        ckpt.load_checkpoint(uri, 1, fresh, fresh_opt, fresh_sched)
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_store_that_fails_is_not_taken_for_damage_and_a_bad_manifest_is_named(uri, monkeypatch):
+    """A read that fails in the store (retries spent) raises: the step is not skipped as damaged, so a flaky link
+    never sends a job back to an older step. A manifest that is not JSON is damage, named."""
+    import fsspec
+
+    from trainyard.engine.components.checkpoint import io
+
+    model, opt, sched = _setup(seed=0)
+    for step in (1, 2):
+        _train(model, opt, sched, 1)
+        ckpt.save_checkpoint(uri, step, model, opt, sched)
+
+    def unreachable(self, path):
+        raise ConnectionResetError("the store went away")
+
+    with monkeypatch.context() as m:
+        m.setattr(io._WholeFileReads, "read_file", unreachable)
+        warnings: list[str] = []
+        fresh, fresh_opt, fresh_sched = _setup(seed=1)
+        with pytest.raises(ConnectionResetError, match="the store went away"):
+            ckpt.resume(uri, fresh, fresh_opt, fresh_sched, warn=warnings.append)
+        with pytest.raises(OSError, match="step 2 .* could not be read .*not known to be damaged"):
+            ckpt.newest_verified_step(uri, warn=warnings.append)
+        assert not warnings
+    with monkeypatch.context() as m:  # a blocking save that fails raises the store's error, an Exception
+        m.setattr(io, "put_in_parts", lambda fs, path, data: unreachable(None, path))
+        m.setattr(io._HashingFileSystem, "_local", lambda self: False)  # the local files go the same way
+        caught = None
+        try:
+            ckpt.save_checkpoint(uri, 3, model, opt, sched)
+        except Exception as e:  # DCP's CheckpointException would pass through this
+            caught = e
+        assert isinstance(caught, ConnectionResetError) and "the store went away" in str(caught)
+    assert ckpt.newest_verified_step(uri) == 2  # never committed
+    manifest = f"{ckpt.step_uri(uri, 2)}/rank-00000/__0.checksums.json"
+    fs, path = fsspec.core.url_to_fs(manifest, **ckpt.storage_options(uri))
+    fs.pipe(path, b"{not json")
+    warnings = []
+    assert ckpt.resume(uri, fresh, fresh_opt, fresh_sched, warn=warnings.append) == 1
+    assert len(warnings) == 1 and "the manifest rank-00000/__0.checksums.json is not valid JSON" in warnings[0]
+
+
 class _Payload:
     """Unpickling this creates a marker file: proof that a pickle ran."""
 

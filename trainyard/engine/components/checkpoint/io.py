@@ -333,9 +333,14 @@ class _WholeFileReads(FileSystem):
         manifest = manifest_of(name)
         if manifest not in self._manifests:
             try:
-                self._manifests[manifest] = json.loads(self.fs.cat(os.path.join(os.fspath(self.root), manifest)))
+                recorded = json.loads(self.fs.cat(os.path.join(os.fspath(self.root), manifest)))
             except FileNotFoundError:
-                self._manifests[manifest] = {}
+                recorded = {}
+            except ValueError as e:  # not JSON (nor UTF-8)
+                raise CheckpointDamaged(f"{self.root}: the manifest {manifest} is not valid JSON ({e})") from None
+            if not isinstance(recorded, dict):
+                raise CheckpointDamaged(f"{self.root}: the manifest {manifest} holds no {{file: checksum}} map")
+            self._manifests[manifest] = recorded
         return self._manifests[manifest].get(name)
 
     @contextmanager
@@ -421,10 +426,11 @@ class SafeReader(FsspecReader):
     def read_data(self, plan, planner):
         """Each file is read once, in one request, and parsed once: its tensors are views of the bytes
         read, each item is narrowed to the part this rank needs and copied into place. While one file is
-        copied the next one is fetched (at most two files in memory, three with one fetched ahead), and its
-        CRC-32 (summed on the way from S3, else here) is checked on another thread, which fetches the
-        manifests first, while the data comes; a mismatch fails the load as any damage does, and the caller
-        then loads an older step over whatever was copied."""
+        copied the next one is fetched (at most two files in memory, three with one fetched ahead). Each file's
+        size and CRC-32 (summed on the way from S3, else here) are checked before any of it is copied, on a thread
+        that fetched the manifests while the data came; a mismatch fails the load as any damage does. A load
+        that fails after an earlier file was copied (or on another rank) leaves the model partly loaded: resume
+        then loads an older step over it."""
         start = time.perf_counter()
         per_file: dict[str, list] = {}
         for item in plan.items:
@@ -448,13 +454,10 @@ class SafeReader(FsspecReader):
                 data, crc = fetched.result()
                 if i + 1 < len(paths):
                     fetched = fetch(paths[i + 1])
-                checked = checker.submit(self.fs.check, path, data, crc)
-                try:
-                    self._copy_items(name, data, per_file[name], planner)
-                except CheckpointDamaged:
-                    checked.result()  # a checksum mismatch explains it better
-                    raise
-                checked.result()
+                # checked before anything of it is copied into place (from S3 its CRC-32 came with it: the
+                # check waits only for the manifest, fetched meanwhile)
+                checker.submit(self.fs.check, path, data, crc).result()
+                self._copy_items(name, data, per_file[name], planner)
                 moved += len(data)
                 del data
         # this rank's share: the bytes it read, and the seconds from the first request to the last copy

@@ -38,7 +38,10 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     # fsync only makes sense for local files (for others DCP would fall back to a machine-wide sync).
     writer = VerifiedWriter(target, sync_files=not is_remote(uri), **storage_options(uri))
     write_model_config(target, model)
-    dcp.save(state, storage_writer=writer)
+    try:
+        dcp.save(state, storage_writer=writer)
+    except CheckpointException as e:  # a BaseException, which `except Exception` would miss: the rank's own error
+        raise _unwrapped(e, f"checkpoint step {step} to {uri} failed") from e
     if moved is not None:
         moved.append(writer.moved)
     # dcp.save returns on every rank only after the coordinator wrote .metadata: the step is committed.
@@ -192,7 +195,13 @@ def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
         if not dist.is_initialized() or dist.get_rank() == 0:
             warn(f"checkpoint step {step} at {uri} holds no loss-scaler state (saved by a run without float16): "
                  f"the loss scaling starts afresh ({scaler!r})")
-    dcp.load(state, storage_reader=reader)
+    try:
+        dcp.load(state, storage_reader=reader)
+    except CheckpointException as e:  # a BaseException: what failed on the ranks, by type
+        found = found_damage(e)
+        if found is not None:
+            raise CheckpointDamaged(str(found)) from e
+        raise _unwrapped(e, f"checkpoint step {step} at {uri} could not be loaded") from e
     if moved is not None:
         moved.append(reader.moved)
     if trainer.step != step:
@@ -244,14 +253,16 @@ def resume(uri: str, model: nn.Module, optimizer: torch.optim.Optimizer | None,
     Each data file is checked against its manifest as it is read, so damage anywhere fails the load on
     every rank; the step is then skipped with a warning naming it and the one before is loaded (which
     overwrites whatever the failed attempt had loaded). If committed steps exist but none loads, this
-    raises rather than let training start from half-loaded weights."""
+    raises rather than let training start from half-loaded weights. A failure that is not damage (the store
+    unreachable after the retries, a step of another model) is raised as it is: a whole step is never skipped
+    for a broken connection."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     problems = []
     for step in committed_steps(uri):
         try:
             return load_checkpoint(uri, step, model, optimizer, scheduler, extra=extra, scaler=scaler, warn=warn,
                                    moved=moved)
-        except (CheckpointDamaged, CheckpointException) as e:
+        except CheckpointDamaged as e:
             problem = damage(e)
             problems.append(f"step {step}: {problem}")
             if rank == 0:
@@ -268,11 +279,28 @@ def damage(e: CheckpointDamaged | CheckpointException) -> str:
     rank's failure as `Type: message`."""
     if isinstance(e, CheckpointDamaged):
         return str(e)
-    failures = [exc for exc, _ in e.failures.values()]
-    found = next((exc for exc in failures if isinstance(exc, CheckpointDamaged)), None)
+    found = found_damage(e)
     if found is not None:
         return str(found)
-    return f"{type(failures[0]).__name__}: {failures[0]}" if failures else type(e).__name__
+    failure = first_failure(e)
+    return f"{type(failure).__name__}: {failure}" if failure is not None else type(e).__name__
+
+
+def found_damage(e: CheckpointException) -> CheckpointDamaged | None:
+    """The first CheckpointDamaged DCP gathered from any rank, or None: the step's files are not known bad."""
+    return next((exc for exc, _ in e.failures.values() if isinstance(exc, CheckpointDamaged)), None)
+
+
+def first_failure(e: CheckpointException) -> BaseException | None:
+    """The lowest rank's failure DCP gathered."""
+    return e.failures[min(e.failures)][0] if e.failures else None
+
+
+def _unwrapped(e: CheckpointException, what: str) -> Exception:
+    """The error to raise for DCP's CheckpointException: the lowest rank's own failure (an OSError, a botocore
+    error, ...), else a RuntimeError saying `what` and why."""
+    failure = first_failure(e)
+    return failure if isinstance(failure, Exception) else RuntimeError(f"{what}: {damage(e)}")
 
 
 def newest_verified_step(uri: str, warn=print) -> int | None:
@@ -283,17 +311,23 @@ def newest_verified_step(uri: str, warn=print) -> int | None:
     for step in committed_steps(uri):
         try:
             verify_step(step_uri(uri, step), storage_options(uri), rank=rank, world=world)
-            problem = ""
-        except (CheckpointDamaged, OSError, ValueError) as e:
-            problem = str(e) or type(e).__name__
-        if distributed:
+            problem = ("", "")
+        except (CheckpointDamaged, ValueError) as e:
+            problem = ("damaged", str(e) or type(e).__name__)
+        except OSError as e:  # the store, not the step (a missing file is CheckpointDamaged): never skipped for it
+            problem = ("unreadable", f"{type(e).__name__}: {e}")
+        if distributed:  # every rank decides alike: an unreadable step on any rank first, then damage on any
             gathered: list = [None] * world
             dist.all_gather_object(gathered, problem)
-            problem = next((p for p in gathered if p), "")
-        if not problem:
+            problem = min((p for p in gathered if p[0]), key=lambda p: p[0] != "unreadable", default=("", ""))
+        kind, text = problem
+        if not kind:
             return step
+        if kind == "unreadable":
+            raise OSError(f"checkpoint step {step} at {uri} could not be read ({text}); it is not known to be "
+                          "damaged, so it is not skipped: try again when the store answers")
         if rank == 0:
-            warn(f"WARNING: checkpoint step {step} at {uri} is damaged and is skipped: {problem}")
+            warn(f"WARNING: checkpoint step {step} at {uri} is damaged and is skipped: {text}")
     return None
 
 
