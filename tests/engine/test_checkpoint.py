@@ -363,6 +363,45 @@ def test_the_next_optimizer_step_waits_for_the_background_copy(tmp_path, monkeyp
     assert saver.wait()
 
 
+def test_the_host_stager_copies_into_buffers_kept_between_saves(tmp_path):
+    """HostCopies (the async save's copy on a host without an accelerator): the copy holds the values of the call,
+    not what the loop writes afterwards; the second copy of the same state reuses the first one's buffers; a
+    DTensor keeps its mesh, placements and global shape; a tensor met twice (tied weights) is copied once; numbers
+    pass as they are; a changed shape gets a new buffer."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from trainyard.engine.components.checkpoint.staging import HostCopies
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight, moment = torch.randn(4, 3), torch.randn(2, 5).t()  # a transposed one: its strides are kept
+        sharded = distribute_tensor(torch.randn(6, 2), mesh, [Shard(0)])
+        state = {"app": {"w": weight, "tied": weight, "m": moment, "d": sharded}, "n": 7, "l": [weight]}
+        stager = HostCopies()
+        before, before_local = weight.clone(), sharded.to_local().clone()
+        first = stager.stage(state).result()
+        weight.add_(1.0)
+        sharded.to_local().add_(1.0)
+        assert torch.equal(first["app"]["w"], before) and first["app"]["tied"] is first["app"]["w"]
+        assert first["app"]["m"].stride() == moment.stride() and torch.equal(first["app"]["m"], moment)
+        d = first["app"]["d"]
+        assert d.placements == sharded.placements and d.shape == sharded.shape and d.device_mesh == mesh
+        assert torch.equal(d.to_local(), before_local)
+        assert first["n"] == 7 and isinstance(first["l"], list) and torch.equal(first["l"][0], before)
+        second = stager.stage(state).result()
+        assert second["app"]["w"].data_ptr() == first["app"]["w"].data_ptr()
+        assert second["app"]["d"].to_local().data_ptr() == d.to_local().data_ptr()
+        assert torch.equal(second["app"]["w"], weight) and torch.equal(second["app"]["d"].to_local(), sharded.to_local())
+        state["app"]["m"] = torch.randn(3, 3)
+        third = stager.stage(state).result()
+        assert torch.equal(third["app"]["m"], state["app"]["m"]) and third["app"]["m"].shape == (3, 3)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_async_saver_purges_in_the_background(uri, monkeypatch):
     model, opt, sched = _setup(seed=0)

@@ -20,6 +20,7 @@ from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeRea
 from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, committed_steps, is_remote,
                                                               purge, step_uri, storage_options)
 from trainyard.engine.components.contract import DIRECT_CHECKPOINTS
+from trainyard.engine.components.checkpoint.staging import stager
 from trainyard.engine.components.checkpoint.state import (SCALER_KEY, holds, saved_model_names, state_of,
                                                           trainable_names, write_model_config)
 
@@ -82,31 +83,26 @@ class AsyncSaver:
         start = time.perf_counter()
         self.wait()
         only = trainable_names(model) if trainable_only else None
-        state = state_of(model, optimizer, scheduler, step, extra, scaler, only)
+        # what dcp.async_save does, in an order that leaves the loop's thread sooner: all of its own work (the walk
+        # of the state, the writer) first, then the copy in the stager's thread, then the upload (dcp.save of the
+        # copy) in the finisher's, which outlives the save (async_save starts a thread for every save)
+        state = {key: value.state_dict() for key, value in
+                 state_of(model, optimizer, scheduler, step, extra, scaler, only).items()}
         writer = VerifiedWriter(step_uri(self.uri, step), sync_files=not is_remote(self.uri),
                                 **storage_options(self.uri))
-        upload = dcp.async_save(state, storage_writer=writer, process_group=self.group,
-                                no_dist=not self.distributed, async_stager=self._stager)
-        self.staging = getattr(upload, "staging_completion", None)
-        upload = getattr(upload, "upload_completion", upload)
+        purges = not self.distributed or dist.get_rank() == 0
+        self.staging = self._stager.stage(state)
+        self.pending = (step, self._finisher.submit(self._finish, step, self.staging, writer, purges, model))
         if _persistent_buffers(model):
             self.ready()
         elif optimizer not in self._guarded:
             optimizer.register_step_pre_hook(self._before_step)
             self._guarded.add(optimizer)
-        purges = not self.distributed or dist.get_rank() == 0
-        self.pending = (step, self._finisher.submit(self._finish, step, upload, writer, purges, model))
         return time.perf_counter() - start
 
     @functools.cached_property
     def _stager(self):
-        """DCP's stager, copying in a thread of its own (with an accelerator: into pinned memory, on a stream of its
-        own)."""
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        accelerator = torch.accelerator.is_available()
-        return DefaultStager(StagingOptions(use_pinned_memory=accelerator, use_shared_memory=False,
-                                            use_async_staging=True, use_non_blocking_copy=accelerator))
+        return stager()
 
     def ready(self, *, counted: bool = False) -> float:
         """Wait until the state of the save in flight is copied (what may change it, may then); the seconds
@@ -138,11 +134,11 @@ class AsyncSaver:
     def _finisher(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(1, thread_name_prefix="ckpt-finish")
 
-    def _finish(self, step: int, upload, writer: VerifiedWriter, purges: bool, model: nn.Module) -> None:
-        """In the background: wait for the upload; once it is committed, write its model.json (rank 0: written here,
-        not before the save, so that a slow or unreachable store never holds the loop) and purge old steps (rank
-        0). A failed purge or model.json is reported and leaves the step committed."""
-        upload.result()
+    def _finish(self, step: int, staging: Future, writer: VerifiedWriter, purges: bool, model: nn.Module) -> None:
+        """In the background: upload the copy once it is made; once it is committed, write its model.json (rank 0:
+        written here, not before the save, so that a slow or unreachable store never holds the loop) and purge old
+        steps (rank 0). A failed purge or model.json is reported and leaves the step committed."""
+        dcp.save(staging.result(), storage_writer=writer, process_group=self.group, no_dist=not self.distributed)
         self.done = (step, *writer.moved)
         try:
             write_model_config(step_uri(self.uri, step), model)
