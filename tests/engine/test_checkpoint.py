@@ -1,4 +1,5 @@
 """Checkpoint layout, commit marker, retention, and a save/load round trip (local and S3)."""
+import json
 import threading
 import time
 from pathlib import Path
@@ -361,6 +362,42 @@ def test_the_next_optimizer_step_waits_for_the_background_copy(tmp_path, monkeyp
     assert saver.save(3, model, opt, sched) >= 0.15  # copied before save() returned: in its own time, not `held`
     assert saver.staging is None and saver.take_held() == 0.0
     assert saver.wait()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_data_file_written_from_the_tensors_is_dcps_own(uri, monkeypatch):
+    """VerifiedWriter writes a rank's safetensors file itself, from the tensors' memory, in pieces: the same file as
+    DCP's writer makes (the same tensors under the same names, the same header metadata, the same `.metadata`
+    results), with bf16, 0-dim and empty tensors among them, read back by the checkpoint's loader and by
+    safetensors' own."""
+    from safetensors.torch import load as st_load
+
+    from trainyard.engine.components.checkpoint import io as cio
+
+    model, opt, sched = _setup(seed=0)
+    _train(model, opt, sched, 2)
+    extra = {"half": torch.randn(5, 3).bfloat16(), "scalar": torch.tensor(2.5), "none": torch.zeros(0, 4)}
+    files, metadata = {}, {}
+    for way in ("ours", "dcp"):
+        if way == "dcp":
+            monkeypatch.setattr(cio, "_streamable", lambda tensors: False)
+        target = f"{uri}/{way}"
+        ckpt.save_checkpoint(target, 1, model, opt, sched, extra=extra)
+        fs, root = ckpt.locations._fs(ckpt.step_uri(target, 1))
+        data = fs.cat_file(f"{root}/rank-00000/__0_0.distcp")
+        files[way] = st_load(data)
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        metadata[way] = (cio.SafeReader(ckpt.step_uri(target, 1), **ckpt.storage_options(target)).read_metadata()
+                         .storage_data, header.get("__metadata__"))
+    assert files["ours"].keys() == files["dcp"].keys() and len(files["ours"]) > 20
+    assert all(torch.equal(files["ours"][k], files["dcp"][k]) and files["ours"][k].dtype == files["dcp"][k].dtype
+               for k in files["ours"])
+    assert metadata["ours"] == metadata["dcp"]
+    fresh, fresh_opt, fresh_sched = _setup(seed=1)
+    loaded = {k: torch.zeros_like(v) for k, v in extra.items()}
+    ckpt.load_checkpoint(f"{uri}/ours", 1, fresh, fresh_opt, fresh_sched, extra=loaded)
+    assert all(torch.equal(loaded[k], v) for k, v in extra.items())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
 def test_the_host_stager_copies_into_buffers_kept_between_saves(tmp_path):

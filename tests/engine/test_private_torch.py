@@ -26,6 +26,10 @@ PRIVATE = {
     "torch.distributed.checkpoint._fsspec_filesystem":
         "DCP on object storage: FileSystem, FsspecReader, FsspecWriter (components/checkpoint/io.py)",
     "torch.distributed.checkpoint.filesystem._StoragePrefix": "one storage prefix per rank in DCP's plans",
+    "torch.distributed.checkpoint.filesystem._StorageInfo":
+        "where a tensor lies in a data file, in the results of VerifiedWriter's own safetensors writer",
+    "torch.distributed.checkpoint._hf_utils":
+        "the metadata keys DCP's safetensors writer puts in a data file's header, which VerifiedWriter's puts too",
     "torch.distributed._shard._utils": "narrow_tensor_by_index: resharding reads of DCP checkpoints",
     "torch._subclasses": "fake_tensor.is_fake: a kernel launch under torch.compile's tracing takes no CUDA device "
                          "context (kernels/dispatch.py)",
