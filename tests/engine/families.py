@@ -108,6 +108,8 @@ def tied_tp_cases() -> list[dict]:
 
 def cell(results: list[dict]) -> str:
     """One table cell: the worst error of its cases (losses and weights, relative), or the refusal's reason."""
+    if not results:
+        return "not run"
     refused = [r["refused"] for r in results if "refused" in r]
     if refused:  # the reason: the refusal's first clause after the option it names
         return "refused: " + refused[0].split(": ", 1)[-1].split("; ", 1)[0]
