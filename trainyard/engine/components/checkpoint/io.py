@@ -183,9 +183,9 @@ def _crc(pieces: list) -> int:
 
 
 class _HashingFileSystem(FileSystem):
-    """Checksums every data file as it is written. On object stores a data file is serialised into
-    memory and sent in parts of PART_BYTES, several at once (`put_in_parts`; fsspec's file would send it in many
-    small writes); local files are written in place."""
+    """Checksums every data file as it is written. On object stores a data file is kept as the pieces written to it
+    (a tensor's memory is not copied) and sent in parts of PART_BYTES, several at once (`put_in_parts`; fsspec's
+    file would send it in many small writes); local files are written in place."""
 
     def __init__(self, root: str) -> None:
         super().__init__()

@@ -28,7 +28,8 @@ class HostCopies:
     values are kept as they are: numbers and strings do not change in place). Each tensor is copied into a buffer kept
     for its place in the state from one save to the next (a new one where its shape, stride or dtype changed), so a
     save after the first allocates nothing; a DTensor's local shard is copied and given the same mesh, placements
-    and global shape. A tensor met twice in one state (tied weights) is copied once."""
+    and global shape. A tensor met twice in one state (tied weights) is copied once. So a copy holds until the next
+    `stage`: `AsyncSaver.save` waits for the upload of the last one first."""
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckpt-copy")
