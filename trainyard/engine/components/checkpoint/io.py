@@ -116,22 +116,29 @@ class _Parts:
 PART_BYTES = 8 * 2**20  # a data file's upload part: AWS's guidance for throughput is 8-16 MB parts
 
 
-def put_in_parts(fs, path: str, data) -> None:
+def put_in_parts(fs, path: str, data, meanwhile=None):
     """`data` (bytes, or a list of buffers sent one after the other) to the object at `path`: on S3, a multipart
     upload of PART_BYTES parts, up to the filesystem's `max_concurrency` (10) in flight; elsewhere, or when it fits
     one part, one put. s3fs's own `pipe_file` sends 50 MiB parts: for bench/checkpoint.py's 120 MB rank file to the
     embedded store, 1.94 s against 1.38 s in 8 MiB parts (16 MiB: 1.48 s). Each part is copied out of `data` only
     when it is sent (botocore takes no memoryview), so at most `max_concurrency` parts are copies at once. A failed
-    upload is aborted: no part stays stored, and the object is not there."""
+    upload is aborted: no part stays stored, and the object is not there. `meanwhile()`, if given, runs in the
+    calling thread while the parts go up (in the filesystem's event-loop thread); its result is returned. No thread
+    is started here: a save finished by the interpreter's exit handlers can start none."""
+    import asyncio
+
     pieces = [memoryview(p).cast("B") for p in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data)]
     size = sum(len(p) for p in pieces)
     if not hasattr(fs, "_call_s3") or size <= PART_BYTES:
         fs.pipe_file(path, b"".join(pieces))
-        return
-    from fsspec.asyn import sync
-
-    sync(fs.loop, _put_in_parts, fs, path, pieces, size)
+        return meanwhile() if meanwhile else None
+    upload = asyncio.run_coroutine_threadsafe(_put_in_parts(fs, path, pieces, size), fs.loop)
+    try:
+        result = meanwhile() if meanwhile else None
+    finally:
+        upload.result()  # the upload's own error first, whatever `meanwhile` did
     fs.invalidate_cache(path)
+    return result
 
 
 def _part(pieces: list[memoryview], start: int, stop: int) -> bytes:
@@ -212,12 +219,9 @@ class _HashingFileSystem(FileSystem):
             parts = _Parts()
             hashed = _HashingStream(parts, summing=False)
             yield hashed
-            # the sum in a thread of its own while the parts go up (zlib lets go of the GIL): 60 ms of 120 MB
-            # that the upload no longer waits for
-            with ThreadPoolExecutor(1, thread_name_prefix="ckpt-crc") as pool:
-                crc = pool.submit(_crc, parts.parts)
-                put_in_parts(self.fs, os.fspath(path), parts.parts)
-                hashed.crc = crc.result()
+            # summed here while the parts go up from the event loop's thread (zlib lets go of the GIL): 60 ms of
+            # 120 MB that the upload no longer waits for
+            hashed.crc = put_in_parts(self.fs, os.fspath(path), parts.parts, meanwhile=lambda: _crc(parts.parts))
         self.written[_relative(path, self.root)] = {"size": hashed.size, "crc32": hashed.crc}
 
 
@@ -247,13 +251,8 @@ class VerifiedWriter(FsspecWriter):
         if len(set(names)) != len(names):  # a safetensors file holds one tensor per name
             raise ValueError(f"this rank holds several shards of {sorted({n for n in names if names.count(n) > 1})[:5]}")
         start = time.perf_counter()
-        tensors = [(item, planner.resolve_data(item).detach()) for item in plan.items]
-        if _streamable(tensors):
-            future: Future = Future()
-            future.set_result(self._write_safetensors(plan.storage_data, tensors))
-        else:  # on an accelerator: DCP's own writer, which overlaps the copies to host memory
-            future = super().write_data(plan, planner)
-            future.wait()  # the base class writes synchronously; the manifest must follow the data
+        future: Future = Future()
+        future.set_result(self._write_safetensors(plan.storage_data, plan.items, planner))
         if self.fs.written:
             name = manifest_of(sorted(self.fs.written)[0])  # one per rank: ranks never collide
             with self.fs.create_stream(self.fs.concat_path(self.path, name), "wb") as f:
@@ -262,21 +261,25 @@ class VerifiedWriter(FsspecWriter):
         self.moved = (sum(f["size"] for f in self.fs.written.values()), time.perf_counter() - start)
         return future
 
-    def _write_safetensors(self, prefix: _StoragePrefix, tensors: list) -> list[WriteResult]:
+    def _write_safetensors(self, prefix: _StoragePrefix, items: list, planner) -> list[WriteResult]:
         """The rank's one data file, as DCP's safetensors writer makes it (the same name, header, metadata and
         results; tests/engine/test_checkpoint.py compares them), written from the tensors' own memory: the header,
         then each tensor's bytes, no copy before the parts that carry them. DCP's writer serialises the whole file
         into one bytes object first (safetensors' `save`: two copies, ~0.2 s of 120 MB) and only then sends its
-        first part."""
+        first part (and refused a non-contiguous tensor). A tensor in device memory is copied to host memory first (an
+        asynchronous save's copy is there already)."""
         import torch
 
         name = f"{prefix.prefix}0{DEFAULT_SUFFIX}"
         codes = {dtype: code for code, dtype in _dtypes().items()}
         header, offsets, pieces, results, at = {}, {}, [], [], 0
-        for item, tensor in tensors:
-            tensor = tensor.contiguous()
-            nbytes = tensor.numel() * tensor.element_size()
+        for item in items:
             fqn = item.index.fqn
+            tensor = planner.resolve_data(item).detach().cpu().contiguous()
+            if tensor.dtype not in codes:
+                raise ValueError(f"checkpoint state {fqn!r} is a {tensor.dtype} tensor, which safetensors cannot hold; "
+                                 f"save it as one of {sorted(str(d) for d in codes)}")
+            nbytes = tensor.numel() * tensor.element_size()
             header[fqn] = {"dtype": codes[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [at, at + nbytes]}
             offsets[fqn] = {"saved_offsets": list(item.tensor_data.chunk.offsets)}
             if nbytes:
@@ -293,12 +296,6 @@ class VerifiedWriter(FsspecWriter):
                 stream.write(piece)
         return results
 
-
-def _streamable(tensors: list) -> bool:
-    """Whether `VerifiedWriter` writes the data file from the tensors' memory: all of them in host memory (an
-    asynchronous save's copy is), of a dtype safetensors names."""
-    codes = _dtypes().values()
-    return all(t.is_cpu and t.dtype in codes for _, t in tensors)
 
 
 # What DCP's metadata is made of: its dataclasses and enums, torch.Size, dtypes and the layout lookup.
@@ -556,8 +553,10 @@ def _dtypes() -> dict:
     import torch
 
     return {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-            "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U64": torch.uint64,
+            "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool, "C64": torch.complex64,
+            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+            "F8_E5M2FNUZ": torch.float8_e5m2fnuz}
 
 
 def safetensors_views(data: bytes, where: str) -> dict:

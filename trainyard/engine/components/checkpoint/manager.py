@@ -184,7 +184,8 @@ def load_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     target = step_uri(uri, step)
     reader = SafeReader(target, verify=True, **storage_options(uri))
     metadata = reader.read_metadata()  # refuses a checkpoint with pickled entries here, with its own error
-    state = state_of(model, optimizer, scheduler, 0, extra, scaler, _saved_part(model, metadata, target, warn))
+    state = state_of(model, optimizer, scheduler, 0, extra, scaler, _saved_part(model, metadata, target, warn),
+                     optim_saved=holds(metadata, "app.optim"))
     trainer = state["trainer"]
     if scaler is not None and not holds(metadata, SCALER_KEY):
         del state[SCALER_KEY]

@@ -27,14 +27,29 @@ class ModelOptimState(Stateful):
     """Model and optimizer through DCP's state-dict API (FSDP2-aware, reshards on load). `only`: the model entries
     saved or loaded (the trainable parameters of a fine-tuning run; None: all); the others are left as they are."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, only: set[str] | None = None) -> None:
-        self.model, self.optimizer, self.only = model, optimizer, only
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, only: set[str] | None = None,
+                 optim_saved: bool | None = None) -> None:
+        # optim_saved: on a load, whether the step holds optimizer state (None on a save)
+        self.model, self.optimizer, self.only, self.optim_saved = model, optimizer, only, optim_saved
 
     def _model(self, model_sd: dict[str, Any]) -> dict[str, Any]:
         return model_sd if self.only is None else {k: v for k, v in model_sd.items() if k in self.only}
 
+    def _with_optim(self) -> bool:
+        """Whether the optimizer's state is saved, or loaded. An optimizer that holds parameters but has not stepped
+        has none, and none is saved: DCP's get_state_dict would make some with a step at learning rate 0 when no
+        gradient is set (Adam's step count then one ahead of a run that did not save: other weights from then on),
+        and save none when one is (a step that then failed to load). A load of such a step leaves the optimizer
+        without state, as it was."""
+        opt = self.optimizer
+        if opt is None:
+            return False
+        if self.optim_saved is not None:
+            return self.optim_saved
+        return bool(opt.state) or not any(g["params"] for g in opt.param_groups)
+
     def state_dict(self) -> dict[str, Any]:
-        if self.optimizer is None:  # loading weights only: the model's entries alone are requested
+        if not self._with_optim():  # weights only: the model's entries alone are saved or requested
             return {"model": self._model(get_model_state_dict(self.model, options=_OPTIONS))}
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=_OPTIONS)
         # what a load that follows (DCP asks for the state it loads into first) takes the settings' types from:
@@ -44,8 +59,10 @@ class ModelOptimState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         options = _OPTIONS if self.only is None else _PARTIAL
-        if self.optimizer is None:
+        if not self._with_optim():
             set_model_state_dict(self.model, state_dict["model"], options=options)
+            if self.optimizer is not None:  # saved before its first step: it had no state
+                self.optimizer.state.clear()
             return
         template = self.__dict__.pop("_template", None)
         if template is None:
@@ -180,8 +197,9 @@ class ExtraState(Stateful):
 
 
 def state_of(model, optimizer, scheduler, step: int, extra: dict | None,
-             scaler: Stateful | None = None, only: set[str] | None = None) -> dict[str, Stateful]:
-    state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer, only),
+             scaler: Stateful | None = None, only: set[str] | None = None,
+             optim_saved: bool | None = None) -> dict[str, Stateful]:
+    state: dict[str, Stateful] = {"app": ModelOptimState(model, optimizer, only, optim_saved),
                                   "trainer": TrainerState(scheduler, step)}
     if extra:
         state["extra"] = ExtraState(extra)
