@@ -391,6 +391,8 @@ still in flight on any rank), `resume` (the newest
              scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
              scaler=None, blocking: bool = False, trainable_only: bool = False) -> float:
         """Save step `step` (a collective); returns the seconds the caller was blocked."""
+        if self.keep_last < 1:  # before anything is written (the purge after the commit would fail at every save)
+            raise ValueError(f"keep_last must be >= 1 (the newest steps kept), got {self.keep_last}")
         if blocking:
             t0 = time.perf_counter()
             self.wait()
