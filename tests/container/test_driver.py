@@ -1,6 +1,9 @@
-"""The driver's pure parts: failure reasons, root-cause choice."""
+"""The driver's pure parts: failure reasons, root-cause choice; a stop while the host finishes."""
 import json
 import os
+import signal
+import subprocess
+import sys
 
 from trainyard.container.driver import write_failure
 from trainyard.container.failure import FAILURE_REASON_LIMIT, RankFailure, root_cause
@@ -112,3 +115,19 @@ def test_first_cause_among_the_hosts_reasons():
     assert first_cause([echo, waiting, frozen]) == frozen
     assert first_cause([echo, waiting]) == waiting and first_cause([echo, cause, frozen]) == cause
     assert first_cause([echo]) == echo
+
+
+def test_a_sigterm_while_the_host_finishes_lets_it_finish():
+    """A stop that lands in the last sync or the upload used to end the driver at once, with no report."""
+    code = ("import os, signal, time\n"
+            "from trainyard.container.driver import finishing\n"
+            "with finishing(print):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(0.2)\n"
+            "    print('uploaded')\n"
+            "assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(5)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["uploaded", "asked to stop while finishing: finished first"], r.stderr
+    assert r.returncode == -signal.SIGTERM  # outside, a SIGTERM ends the driver as before

@@ -1,5 +1,7 @@
-"""The supervisor waits for the host that caused a failure when the first host to fail only echoes it."""
+"""The supervisor waits for the host that caused a failure when the first host to fail only echoes it, and the
+hosts it stopped itself are neither failures nor lost hosts."""
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ class _Bare(Supervisor):
     def __init__(self, jobdir, hosts):
         self.jobdir, self.spec, self.runtime = jobdir, SimpleNamespace(hosts=hosts, max_run=60), {}
         self.stop_reason, self.drivers, self.exits, self._reasons = None, {}, {}, {}
-        self.hang_watch, self.hang_reason, self.engine = None, "", None
+        self.hang_watch, self.hang_reason, self.engine, self.terminated = None, "", None, set()
 
     def record_phases(self, ended=False):
         pass
@@ -54,3 +56,20 @@ def test_a_cause_does_not_wait_for_the_echoes(tmp_path, monkeypatch):
     assert sup.monitor() == "Failed"
     assert time.monotonic() - t0 < supervisor.FAILURE_SETTLE_S + 5.0 + 3.0  # settle, then SIGTERM
     assert sup.failure_reason().startswith("algo-1 rank 0 failed: ValueError: boom")
+
+
+def test_a_host_the_supervisor_stopped_is_not_lost_however_its_driver_ended(tmp_path, monkeypatch):
+    """algo-2's driver is killed (the host is gone: no report); algo-1's, stopped by the supervisor after the
+    settle, dies of the SIGTERM itself (-15: a driver between its launches has no handler). Only algo-2 is lost
+    (it used to be both, and an elastic job with one host to spare then restarted on both)."""
+    (tmp_path / "hosts").mkdir()
+    monkeypatch.setattr(supervisor, "FAILURE_SETTLE_S", 0.2)
+    sup = _Bare(str(tmp_path), ["algo-1", "algo-2"])
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    for p in (subprocess.Popen(sleeper), subprocess.Popen(sleeper)):
+        sup.drivers[p.pid] = p
+    list(sup.drivers.values())[1].send_signal(signal.SIGKILL)
+    assert sup.monitor() == "Failed"
+    assert sup.exits == {"algo-2": -signal.SIGKILL, "algo-1": -signal.SIGTERM}
+    assert sup.lost_hosts() == ["algo-2"]
+    assert sup.failure_reason() == "algo-2: the driver exited with status -9 and no report"

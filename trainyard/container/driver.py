@@ -36,6 +36,7 @@ Exit status: 0 success, 1 failure, 128+N when stopped by signal N.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -44,6 +45,7 @@ import signal
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -543,9 +545,29 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the driver itself failed: the job fails with that reason
         code, reason = 1, f"{run.host} driver: {type(e).__name__}: {e}"
     lifeline.yield_if_lost()  # the supervisor is gone: its thread ends this driver and says why
-    lost = stop_syncs(syncs, run.status)  # the last sync runs whatever the outcome
-    leases.stop()
-    return finish(run, code, failure, reason, lost)
+    with finishing(run.say):
+        lost = stop_syncs(syncs, run.status)  # the last sync runs whatever the outcome
+        leases.stop()
+        return finish(run, code, failure, reason, lost)
+
+
+@contextlib.contextmanager
+def finishing(say: Callable[[str], None]):
+    """A SIGTERM while the host finishes (the last sync, the upload of the model and output data, its report) is
+    noted, not obeyed: it used to end the driver there at once, the upload cut short and no report written, so the
+    supervisor took a host it had stopped itself for a lost one. Whoever stops the host still bounds this with its
+    SIGKILL (the local supervisor after STOP_GRACE_S, as SageMaker after 120 s)."""
+    if threading.current_thread() is not threading.main_thread():  # signals are the main thread's (in-process tests)
+        yield
+        return
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if got:
+            say("asked to stop while finishing: finished first")
 
 
 def _supervisor_lost(host: str, root: str, status_file: str, status: dict) -> None:

@@ -91,6 +91,10 @@ class Supervisor:
         self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
         self.pumps: list[LinePump] = []  # each driver's output, stamped, into logs/<host>.log
         self.exits: dict[str, int] = {}  # host -> exit status
+        # hosts whose drivers this process stopped (terminate): how they ended is this process's doing, neither a
+        # failure of their own nor a lost host, whatever their status (143 once handled, -15 where the driver had
+        # no handler yet, -9 past the grace)
+        self.terminated: set[str] = set()
         self.plan = None  # the emulated network's names and addresses, when the job has one
         self.relay = None
         self.driver_env: dict[str, str] = {}
@@ -286,14 +290,19 @@ class Supervisor:
             p = self.drivers.get(pid)
             if p is not None:
                 p.returncode = os.waitstatus_to_exitcode(st)
-                self.exits[self.spec.hosts[list(self.drivers).index(pid)]] = p.returncode
+                self.exits[self._host(pid)] = p.returncode
+
+    def _host(self, pid: int) -> str:
+        return self.spec.hosts[list(self.drivers).index(pid)]
 
     def running(self) -> bool:
         return len(self.exits) < len(self.drivers)
 
     def terminate(self) -> None:
         """SIGTERM the drivers (torchrun stops its workers; algo-1 uploads), then SIGKILL what is left."""
-        signal_all([p for p, d in self.drivers.items() if d.returncode is None], signal.SIGTERM)
+        alive = [p for p, d in self.drivers.items() if d.returncode is None]
+        self.terminated.update(self._host(p) for p in alive)
+        signal_all(alive, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         while self.running() and time.monotonic() < deadline:
             self.reap()
@@ -352,7 +361,7 @@ class Supervisor:
         """The failures of the hosts that ended on their own, as their drivers reported them."""
         failures: list[RankFailure] = []
         for host, code in self.exits.items():
-            if code == 0 or code == 128 + signal.SIGTERM:
+            if code == 0 or code == 128 + signal.SIGTERM or host in self.terminated:
                 continue
             path = f"{self.jobdir}/hosts/{host}.status.json"
             st = read_json(path) if os.path.exists(path) else {}
@@ -429,7 +438,8 @@ class Supervisor:
     def lost_hosts(self) -> list[str]:
         """Hosts whose driver vanished without a report: with `elastic`, lost for good (a local host stands
         for an instance that cannot come back)."""
-        return [h for h, code in self.exits.items() if code not in (0, 128 + signal.SIGTERM)
+        return [h for h, code in self.exits.items()
+                if code not in (0, 128 + signal.SIGTERM) and h not in self.terminated
                 and not os.path.exists(f"{self.jobdir}/hosts/{h}.status.json")]
 
     def shrink(self, count: int) -> JobSpec:
@@ -442,7 +452,7 @@ class Supervisor:
         """Forget the ended attempt: every process of it gone, its hosts' reports removed, a new rendezvous
         port in the contract."""
         self.kill_everything()
-        self.drivers, self.exits, self._reasons, self.hang_reason = {}, {}, {}, ""
+        self.drivers, self.exits, self._reasons, self.hang_reason, self.terminated = {}, {}, {}, "", set()
         if self.hang_watch is not None:
             self.hang_watch = HangWatch(self.hang_watch.pattern, self.hang_watch.timeout_s)
         for host in self.spec.hosts:
