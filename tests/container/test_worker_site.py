@@ -1,5 +1,6 @@
 """The training processes' sitecustomize (trainyard/container/worker_site): a process group the script left
-open is destroyed at exit, and the sitecustomize it hides still runs."""
+open is destroyed at exit, gloo's threads get the GIL before the interpreter ends, and the sitecustomize it hides
+still runs."""
 import os
 import subprocess
 import sys
@@ -82,3 +83,30 @@ def test_a_rank_that_raises_exits_with_status_1_without_the_slow_teardown():
     ours, ours_s = run([WORKER_SITE])
     assert ours.returncode == 1 and ours_s < bare_s - 5
     assert "ValueError: boom" in ours.stderr and "the script s own exit handler ran" in ours.stdout
+
+
+LATE_THREAD = """
+import atexit, sys, threading, time, types
+dist = sys.modules["torch.distributed"] = types.ModuleType("torch.distributed")  # used, then destroyed
+dist.is_available, dist.is_initialized = (lambda: True), (lambda: False)
+sys.setswitchinterval(10)  # this thread keeps the GIL unless it blocks: as in an exit that gives nothing away
+gate, done = threading.Event(), []
+t = threading.Thread(target=lambda: (gate.wait(), done.append(1)), daemon=True)
+t.start()
+time.sleep(0.2)  # t waits at the gate
+gate.set()  # now t needs the GIL, as gloo's worker does to free the last work it ran
+atexit._run_exitfuncs()
+print("the waiting thread ran before the interpreter's end:", bool(done))
+"""
+
+
+def test_the_exit_gives_a_thread_waiting_for_the_gil_its_turn_before_the_interpreter_ends():
+    """gloo's worker threads free their last work's tensors a moment after the script's barrier returned; in the
+    interpreter's finalization that aborted the process (SIGABRT) after its work was done."""
+    def run(pythonpath):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+        r = subprocess.run([sys.executable, "-c", LATE_THREAD], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    assert "interpreter's end: False" in run([])
+    assert "interpreter's end: True" in run([WORKER_SITE])
