@@ -91,9 +91,9 @@ class Supervisor:
         self.drivers: dict[int, subprocess.Popen] = {}  # pid -> driver
         self.pumps: list[LinePump] = []  # each driver's output, stamped, into logs/<host>.log
         self.exits: dict[str, int] = {}  # host -> exit status
-        # hosts whose drivers this process stopped (terminate): how they ended is this process's doing, neither a
-        # failure of their own nor a lost host, whatever their status (143 once handled, -15 where the driver had
-        # no handler yet, -9 past the grace)
+        # hosts whose drivers this process stopped (terminate): never lost hosts, and without a report of their own
+        # not failures either, whatever their status (143 once handled, -15 where the driver had no handler yet,
+        # -9 past the grace)
         self.terminated: set[str] = set()
         self.plan = None  # the emulated network's names and addresses, when the job has one
         self.relay = None
@@ -361,9 +361,9 @@ class Supervisor:
         """The failures of the hosts that ended on their own, as their drivers reported them."""
         failures: list[RankFailure] = []
         for host, code in self.exits.items():
-            if code == 0 or code == 128 + signal.SIGTERM or host in self.terminated:
-                continue
             path = f"{self.jobdir}/hosts/{host}.status.json"
+            if code == 0 or code == 128 + signal.SIGTERM or (host in self.terminated and not os.path.exists(path)):
+                continue  # a host stopped here that wrote no report: its end is this process's doing
             st = read_json(path) if os.path.exists(path) else {}
             reason = st.get("reason") or f"{host}: the driver exited with status {code} and no report"
             f = st.get("failure")
