@@ -653,9 +653,13 @@ def test_the_manager_saves_waits_resumes_and_keeps_what_the_last_save_asked(uri)
     files = sum(f.stat().st_size for f in Path(uri).glob("step-00000004/rank-*/*.distcp")) if "://" not in uri else None
     assert io[0]["bytes_per_rank"] == io[1]["bytes_per_rank"] == ([files] if files else io[0]["bytes_per_rank"])
     assert io[0]["bytes_per_rank"][0] > 10_000 and all(e["gbps_per_rank"][0] > 0 for e in io)
-    manager.keep_last = 0  # refused when saved, before anything is written
+    manager.keep_last = 0  # refused when saved, before anything is written, on each way to save
     with pytest.raises(ValueError, match="keep_last must be >= 1"):
         manager.save(5, model, opt, sched)
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        manager.save(5, model, opt, sched, blocking=True)
+    with pytest.raises(ValueError, match="keep_last must be >= 1"):
+        ckpt.save_checkpoint(uri, 5, model, opt, sched, keep_last=0)
     assert ckpt.list_steps(uri) == {2: True, 3: True, 4: True}
 
 

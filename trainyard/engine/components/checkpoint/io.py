@@ -297,7 +297,6 @@ class VerifiedWriter(FsspecWriter):
         return results
 
 
-
 # What DCP's metadata is made of: its dataclasses and enums, torch.Size, dtypes and the layout lookup.
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 _SAFE_NAMES = {("torch", "Size"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),

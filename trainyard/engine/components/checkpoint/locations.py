@@ -109,11 +109,17 @@ def latest_committed_step(uri: str) -> int | None:
     return max(committed) if committed else None
 
 
+def check_keep_last(keep_last: int) -> None:
+    """Refuse a `keep_last` below 1; every save calls this before it writes anything (the purge after the commit
+    would otherwise fail at every save, each step written and reported as failed)."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (the newest steps kept), got {keep_last}")
+
+
 def purge(uri: str, keep_last: int, *, protect: int | None = None) -> list[int]:
     """Delete committed steps older than the newest `keep_last`, and interrupted saves older than
     the oldest step kept. Never deletes `protect` (the step just written). Returns deleted steps."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    check_keep_last(keep_last)
     steps = list_steps(uri)
     committed = sorted((s for s, ok in steps.items() if ok), reverse=True)
     kept = set(committed[:keep_last])

@@ -17,8 +17,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
-from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, committed_steps, is_remote,
-                                                              purge, step_uri, storage_options)
+from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, check_keep_last,
+                                                              committed_steps, is_remote, purge, step_uri,
+                                                              storage_options)
 from trainyard.engine.components.contract import DIRECT_CHECKPOINTS
 from trainyard.engine.components.checkpoint.staging import stager
 from trainyard.engine.components.checkpoint.state import (SCALER_KEY, holds, saved_model_names, state_of,
@@ -33,6 +34,7 @@ def save_checkpoint(uri: str, step: int, model: nn.Module, optimizer: torch.opti
     old steps. Returns the step's URI. `scaler`: a float16 run's loss scaler (a Stateful), saved beside. `moved`,
     when given, gets this rank's (bytes written, seconds). `trainable_only`: of the model, the parameters that
     train alone (a fine-tuning run's adapters; the frozen base is loaded from its own files)."""
+    check_keep_last(keep_last)
     target = step_uri(uri, step)
     only = trainable_names(model) if trainable_only else None
     state = state_of(model, optimizer, scheduler, step, extra, scaler, only)
@@ -80,6 +82,7 @@ class AsyncSaver:
         wait in `held`. A model with persistent buffers (a forward may change them: BatchNorm statistics, an
         expert's bias) is copied before `save` returns; `extra` and a loss scaler's state are new tensors, taken
         when `save` is called."""
+        check_keep_last(self.keep_last)
         start = time.perf_counter()
         self.wait()
         only = trainable_names(model) if trainable_only else None
@@ -391,8 +394,7 @@ still in flight on any rank), `resume` (the newest
              scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *, extra: dict | None = None,
              scaler=None, blocking: bool = False, trainable_only: bool = False) -> float:
         """Save step `step` (a collective); returns the seconds the caller was blocked."""
-        if self.keep_last < 1:  # before anything is written (the purge after the commit would fail at every save)
-            raise ValueError(f"keep_last must be >= 1 (the newest steps kept), got {self.keep_last}")
+        check_keep_last(self.keep_last)  # before anything is written, the location's mark included
         if blocking:
             t0 = time.perf_counter()
             self.wait()
