@@ -100,8 +100,8 @@ def batch(step: int, rows: int) -> torch.Tensor:
 
 def optimizer(params):
     # eps large enough that near-zero gradients do not turn summation-order noise into whole updates
-    # foreach: the CPU default loops op by op over every shard
-    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)
+    # fused: one DTensor op a step, where foreach propagates the sharding of ~12 (the CPU default: every op of every shard)
+    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, fused=True)
 
 
 def fresh(kind: str) -> nn.Module:

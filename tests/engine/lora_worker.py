@@ -58,8 +58,8 @@ def probe() -> torch.Tensor:
 
 
 def optimizer(model):
-    # foreach: the CPU default loops op by op over every shard
-    return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)
+    # fused: one DTensor op a step, where foreach propagates the sharding of ~12 (the CPU default: every op of every shard)
+    return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5, weight_decay=0.1, fused=True)
 
 
 def train_sharded(case: dict):

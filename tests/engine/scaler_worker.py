@@ -33,8 +33,8 @@ def batch(step: int, rows: int) -> torch.Tensor:
 
 
 def optimizer(params):
-    # foreach: the CPU default loops op by op over every shard
-    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, foreach=True)
+    # fused: one DTensor op a step, where foreach propagates the sharding of ~12 (the CPU default: every op of every shard)
+    return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, fused=True)
 
 
 def oracle(rows: int, steps: list[int]) -> tuple[dict, dict]:
