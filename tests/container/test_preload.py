@@ -111,7 +111,16 @@ def test_trainyards_preloaded_entries_read_no_process_variable_on_import():
     assert preloaded("trainyard.engine.train", "module", "s3://b/ckpt") == ("trainyard.engine.train", "s3fs")
     assert preloaded("train.py", "script") == () and preloaded("mypkg.train", "module") == ()
     assert preloaded("train.py", "script", "s3://b/ckpt") == ()
-    for module in ("trainyard.engine.train", "s3fs", PROBE_MODULE, HEALTH_MODULE):
+    # the built-in trainer's Hugging Face models: transformers' model code, and peft for LoRA adapters
+    hf = {"model": "hf", "lora_r": "0"}
+    assert preloaded("trainyard.engine.train", "module", None, hf) == ("trainyard.engine.train",
+                                                                      "transformers.modeling_utils")
+    assert preloaded("trainyard.engine.train", "module", "s3://b/ckpt", {**hf, "lora_r": 8}) == (
+        "trainyard.engine.train", "s3fs", "transformers.modeling_utils", "peft")
+    assert preloaded("trainyard.engine.train", "module", None, {"model": "tiny"}) == ("trainyard.engine.train",)
+    assert preloaded("train.py", "script", None, hf) == ()
+    # (peft imports transformers' model code: one process serves both)
+    for module in ("trainyard.engine.train", "s3fs", PROBE_MODULE, HEALTH_MODULE, "peft"):
         probe = textwrap.dedent(f"""
             import importlib, json, os
             reads = []
