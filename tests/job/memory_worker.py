@@ -1,8 +1,9 @@
 """Run a few optimizer steps of the built-in model under each layout given, and print, per layout, what this rank
 holds (model-state bytes after the step, gradients still held) and the peak bytes torch allocated during a step
 (the states held before the second step + the least `cpu_peak_bytes` of the next 3 steps, of the
-next step alone in one process). Launched as one plain process or by torchrun; rank 0
-prints one JSON line per layout (the maximum over the ranks)."""
+next step alone in one process). Launched as one plain process, or as the processes of one emulated host
+(tests/engine/launch.py, argv[2] the file for its rows); rank 0 prints one JSON line per layout (the maximum over
+the ranks)."""
 from __future__ import annotations
 
 import gc
@@ -59,10 +60,15 @@ def run(distribution: dict, micro_batch_size: int, seq_len: int) -> dict:
 def main() -> None:
     cases = json.loads(sys.argv[1])
     te.init({"tensor_parallel_degree": 1})
+    results = {}
     for case in cases:
         result = run(case["distribution"], case["micro_batch_size"], case["seq_len"])
         if te.current().rank == 0:
-            print("RESULT " + json.dumps({"name": case["name"], **result}), flush=True)
+            results[case["name"]] = {"name": case["name"], **result}
+            print("RESULT " + json.dumps(results[case["name"]]), flush=True)
+    if len(sys.argv) > 2 and te.current().rank == 0:  # launched by tests/engine/launch.py: the rows to its file
+        with open(sys.argv[2], "w") as fh:
+            json.dump(results, fh)
     te.finish()
 
 

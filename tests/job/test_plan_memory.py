@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.engine.launch import run_on_two_hosts
 from trainyard.job.plan import Layout, memory
 from trainyard.parallel.shapes import ModelShape
 
@@ -27,19 +28,20 @@ def _layout(*, world: int, p: int, tp: int = 1, pp: int = 1, schedule: str = "no
                   precision=precision)
 
 
-def _measure(cases: dict[str, Layout], seq_len: int, nproc: int | None) -> dict[str, dict]:
-    """The worker's measurements. One-process cases run in 2 workers at once, half the cases each (each measures
-    its own process's allocations; one worker alone leaves a core idle)."""
+def _measure(cases: dict[str, Layout], seq_len: int, tmp_path=None) -> dict[str, dict]:
+    """The worker's measurements: with `tmp_path`, on 4 processes of one emulated host (forked from the engine
+    tests' warm interpreter, tests/engine/launch.py, which imported torch and the engine once); without, one-process
+    cases in 2 workers at once, half the cases each (each measures its own process's allocations; one worker alone
+    leaves a core idle)."""
     payload = [{"name": name, "micro_batch_size": lay.micro_batch_size, "seq_len": seq_len,
                 "distribution": lay.distribution()} for name, lay in cases.items()]
-    launcher = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-                                   if nproc else [])
+    if tmp_path is not None:
+        return run_on_two_hosts(WORKER, payload, tmp_path, processes_per_host=4, hosts=1)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                             "LOCAL_WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
-    parts = [payload] if nproc else [payload[0::2], payload[1::2]]
-    procs = [subprocess.Popen([*launcher, WORKER, json.dumps(part)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for part in parts]
+    procs = [subprocess.Popen([sys.executable, WORKER, json.dumps(part)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for part in (payload[0::2], payload[1::2])]
     rows = []
     try:
         for proc in procs:
@@ -71,14 +73,14 @@ def _compare(cases: dict[str, Layout], measured: dict[str, dict], seq_len: int) 
 def test_one_process_fp32_and_bf16_with_each_checkpointing_mode():
     cases = {f"{prec} AC {ac}": _layout(world=1, p=1, mbs=4, ac=ac, precision=prec)
              for prec in ("fp32", "bf16") for ac in ("none", "selective", "full")}
-    print("\n".join(_compare(cases, _measure(cases, 128, None), 128)))
+    print("\n".join(_compare(cases, _measure(cases, 128), 128)))
 
 
 @pytest.mark.slow
-def test_four_processes_zero3_mics_tp_pp():
+def test_four_processes_zero3_mics_tp_pp(tmp_path):
     cases = {"ZeRO-3 p 4": _layout(world=4, p=4, mbs=4),
              "MiCS p 2 x 2 replicas": _layout(world=4, p=2, mbs=4),
              "MiCS p 2 x 2 replicas, full AC": _layout(world=4, p=2, mbs=4, ac="full"),
              "TP 2 x MiCS p 2": _layout(world=4, p=2, tp=2, mbs=4),
              "PP 2 (1F1B, 2 micro-batches) x ZeRO-3 p 2": _layout(world=4, p=2, pp=2, schedule="1f1b", mbs=2, micro=2)}
-    print("\n".join(_compare(cases, _measure(cases, 128, 4), 128)))
+    print("\n".join(_compare(cases, _measure(cases, 128, tmp_path), 128)))
