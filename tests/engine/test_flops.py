@@ -32,6 +32,35 @@ def test_hf_model_flops_count_a_tied_embedding_once(tied):
     assert shape.matmul_params == (total if tied else total - 1000 * 64)
 
 
+def _expert_params(model, names: tuple[str, ...]) -> tuple[int, int]:
+    """(every routed expert's parameters, one expert's), counted from the model's own tensors (experts first)."""
+    packed = [p for n, p in model.named_parameters() if ".experts." in n and n.rsplit(".", 1)[-1] in names]
+    return sum(p.numel() for p in packed), sum(p[0].numel() for p in packed[:len(names)])
+
+
+def test_a_mixture_of_experts_counts_only_the_experts_a_token_goes_through():
+    """6 N with N the active parameters: a token multiplies by its top_k routed experts, not by all of them (the
+    trainer's MFU once counted every expert)."""
+    c = MODEL_CONFIGS["moe-tiny"]
+    with torch.device("meta"):
+        model = build_model(c)
+    total = sum(p.numel() for p in model.parameters())
+    experts, one = _expert_params(model, ("w1", "w2", "w3"))
+    assert experts == c.n_layers * c.n_experts * one
+    idle = c.n_layers * (c.n_experts - c.top_k) * one
+    assert flops.shape_of(model).matmul_params == total - c.vocab_size * c.dim - idle
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3MoeConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                         moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in hf.parameters())
+    experts, one = _expert_params(hf, ("gate_up_proj", "down_proj"))
+    assert experts == 2 * 8 * one == 2 * 8 * 3 * 64 * 32
+    assert flops.shape_of(hf).matmul_params == total - 1000 * 64 - 2 * (8 - 2) * one
+
+
 def test_unknown_model_has_no_shape_and_cpu_peak_is_measured():
     assert flops.shape_of(torch.nn.Linear(4, 4)) is None
     tflops, source = flops.peak(torch.device("cpu"), torch.float32)

@@ -14,8 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainyard.errors import ConfigError
 from trainyard.parallel import shapes
 from trainyard.parallel.shapes import model_flops_per_token
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -32,7 +34,9 @@ class Shape:
 
 def shape_of(model: nn.Module) -> Shape | None:
     """The shape of the built-in Transformer or a Hugging Face causal LM (on any device, meta included); None
-    for a model whose layers and heads are unknown."""
+    for a model whose layers and heads are unknown. N counts the model's own parameters but the input embedding
+    table and, in a mixture of experts, the routed experts a token is not sent to (`ModelShape.matmul_params`:
+    a token multiplies by its top_k experts only)."""
     total = sum(p.numel() for p in model.parameters())
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "num_attention_heads"):  # Hugging Face
@@ -40,10 +44,21 @@ def shape_of(model: nn.Module) -> Shape | None:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         embedding = model.get_input_embeddings().weight
         tied = embedding is getattr(model.get_output_embeddings(), "weight", None)
-        return Shape(config.num_hidden_layers, heads, head_dim, total - (0 if tied else embedding.numel()))
+        return Shape(config.num_hidden_layers, heads, head_dim,
+                     total - (0 if tied else embedding.numel()) - _idle_experts(model))
     if config is not None and hasattr(config, "n_heads") and hasattr(model, "tok_embeddings"):  # the built-in model
-        return Shape(config.n_layers, config.n_heads, config.head_dim, total - model.tok_embeddings.weight.numel())
+        return Shape(config.n_layers, config.n_heads, config.head_dim,
+                     total - model.tok_embeddings.weight.numel() - _idle_experts(model))
     return None
+
+
+def _idle_experts(model: nn.Module) -> int:
+    """The parameters of the routed experts a token does not go through, over all blocks (0 for a dense model, or
+    one whose config the planner's shapes cannot read)."""
+    try:
+        return shapes.from_module(model).idle_expert_params
+    except ConfigError:
+        return 0
 
 
 def table_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str] | None:
