@@ -7,7 +7,8 @@ import pytest
 from trainyard.parallel.layout import check_pipeline, check_tp, stage_layers
 from trainyard.engine.components.meter import CommMeter
 from trainyard.engine.models.llama.model import MODEL_CONFIGS
-from trainyard.parallel.dims import ParallelDims, dims_from_distribution
+from trainyard.parallel.dims import ParallelDims
+from trainyard.parallel.parallelism import Parallelism
 from trainyard.engine.distributed.pipeline import cut_stage, rank_stages
 from trainyard.engine.models.llama.model import build_model
 from trainyard.engine.models.llama.spec import spec_for
@@ -65,8 +66,8 @@ def test_pipeline_checks(kw, text):
 
 
 def test_3d_mesh_keeps_tp_inside_a_host_and_pp_outermost():
-    dims = dims_from_distribution({"tensor_parallel_degree": 2, "pipeline_parallel_degree": 3,
-                                   "mics": {"partition_group_size": 2}}, world_size=12, processes_per_host=4)
+    dims = Parallelism.parse({"tensor_parallel_degree": 2, "pipeline_parallel_degree": 3,
+                              "mics": {"partition_group_size": 2}}).dims(world_size=12, processes_per_host=4)
     assert (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp) == (3, 1, 2, 2)
     coords = [dims.coords(r) for r in range(12)]
     assert [c["pp"] for c in coords] == [0] * 4 + [1] * 4 + [2] * 4  # one stage per host
@@ -76,8 +77,8 @@ def test_3d_mesh_keeps_tp_inside_a_host_and_pp_outermost():
     assert meter.dimension((1, 5)) == "pp" and not meter.spans_hosts((0, 1)) and meter.spans_hosts((1, 5))
     assert meter.dimension(tuple(range(12))) == "world" and meter.dimension((0, 3)) == "dp_shard_intra+tp"
     with pytest.raises(ValueError, match=r"partition_group_size 4 must divide the data-parallel degree 2"):
-        dims_from_distribution({"tensor_parallel_degree": 2, "pipeline_parallel_degree": 3,
-                                "mics": {"partition_group_size": 4}}, world_size=12, processes_per_host=4)
+        Parallelism.parse({"tensor_parallel_degree": 2, "pipeline_parallel_degree": 3,
+                           "mics": {"partition_group_size": 4}}).dims(world_size=12, processes_per_host=4)
     with pytest.raises(ValueError, match=r"tp \(4\) must divide the processes per host \(2\)"):
         ParallelDims(dp_replicate=1, dp_shard=1, tp=4, world_size=4, processes_per_host=2)
 

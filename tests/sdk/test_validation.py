@@ -379,9 +379,9 @@ def test_a_3d_layout_is_accepted():
     typed = normalize(est.distribution, world_size=8, processes_per_host=4)
     assert (typed["tensor_parallel_degree"], typed["pipeline_parallel_degree"], typed["mics"]["partition_group_size"],
             typed["microbatches"]) == (2, 2, 2, 2)
-    from trainyard.parallel.dims import dims_from_distribution
+    from trainyard.parallel.parallelism import Parallelism
 
-    dims = dims_from_distribution(typed, world_size=8, processes_per_host=4)
+    dims = Parallelism.parse(typed).dims(world_size=8, processes_per_host=4)
     assert (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp) == (2, 1, 2, 2)
 
 

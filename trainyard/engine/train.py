@@ -17,18 +17,21 @@ from trainyard.engine import api  # noqa: E402
 from trainyard.engine.components.process_exit import exit_now  # noqa: E402
 from trainyard.engine.config import TrainConfig, parse_hyperparameters, reconcile_distribution  # noqa: E402
 from trainyard.engine.trainer import Trainer  # noqa: E402
+from trainyard.parallel.parallelism import Parallelism  # noqa: E402
 
 
-def load_config(argv: list[str]) -> TrainConfig:
-    """The trainer's configuration, read once: the hyperparameters reconciled with the job's distribution."""
-    return reconcile_distribution(parse_hyperparameters(argv), api.job_parallelism(),
-                                  int(os.environ.get("WORLD_SIZE") or 1))
+def load_config(argv: list[str]) -> tuple[TrainConfig, Parallelism]:
+    """The trainer's configuration and the job's layout, each read once: the hyperparameters reconciled with the
+    job's distribution (`TRAINYARD_DISTRIBUTION`, parsed here and nowhere else in the process)."""
+    par = api.job_parallelism()
+    return reconcile_distribution(parse_hyperparameters(argv), par, int(os.environ.get("WORLD_SIZE") or 1)), par
 
 
-def run(cfg: TrainConfig) -> None:
-    """Train with `cfg` (from `load_config`), then export the model unless SIGTERM stopped it."""
+def run(cfg: TrainConfig, parallelism: Parallelism | None = None) -> None:
+    """Train with `cfg` on `parallelism` (both from `load_config`), then export the model unless SIGTERM stopped
+    it."""
     try:
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, parallelism)
         if trainer.run() and cfg.save_model:
             trainer.export()
     finally:
@@ -37,11 +40,11 @@ def run(cfg: TrainConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
+        cfg, parallelism = load_config(sys.argv[1:] if argv is None else argv)
     except ValueError as e:
         print(f"trainyard.engine.train: error: {e}", file=sys.stderr, flush=True)
         return 2
-    run(cfg)
+    run(cfg, parallelism)
     return 0
 
 

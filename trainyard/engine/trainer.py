@@ -1,7 +1,7 @@
 """The built-in trainer, a client of the engine's public API (`api.py`) like any user script.
 
-`Trainer(cfg)` takes the configuration `train.load_config` read (hyperparameters reconciled with the job's
-distribution) and builds: context and mesh (`init`) -> the model on the meta device (the built-in Transformer
+`Trainer(cfg, parallelism)` takes the configuration and the layout `train.load_config` read (hyperparameters
+reconciled with the job's distribution) and builds: context and mesh (`init`) -> the model on the meta device (the built-in Transformer
 of MODEL_CONFIGS, or the Hugging Face causal LM of a model channel) -> `transform` (pipeline stages, TP, AC,
 MiCS, weights) -> pretrained weights if the channel has them -> AdamW + schedule -> the data source (token
 files, text tokenized with the model's tokenizer, or synthetic) -> resume from the newest verified step.
@@ -40,6 +40,7 @@ from trainyard.engine.models.llama.moe import balance, router_stats
 from trainyard.engine.models import float8
 from trainyard.engine.models.hf import adapters
 from trainyard.engine.models.llama.model import MODEL_CONFIGS, build_model, count_parameters
+from trainyard.parallel.parallelism import Parallelism
 
 
 def token_loss(output, targets: torch.Tensor) -> torch.Tensor:
@@ -89,9 +90,10 @@ def _has_weights(folder: str) -> bool:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, parallelism: Parallelism | None = None) -> None:
+        """`parallelism`: the job's layout as `train.load_config` parsed it (None: `api.init` reads the job's)."""
         self.cfg = cfg
-        self.ctx = api.init()
+        self.ctx = api.init(parallelism)
         par = self.ctx.parallelism
         self.accum = cfg.accumulation(par.data_parallel_degree(self.ctx.world_size))
         torch.manual_seed(cfg.seed)
@@ -111,7 +113,8 @@ class Trainer:
         self.params = count_parameters(model)
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         shape = flops.shape_of(model)  # before transform: the whole model's shapes
-        self.flops_per_token = shape.flops_per_token(cfg.seq_len) if shape else 6.0 * self.params
+        self.flops_per_token = shape.flops_per_token(cfg.seq_len) if shape else flops.model_flops_per_token(
+            matmul_params=self.params, layers=0, heads=0, head_dim=0, seq_len=cfg.seq_len)  # 6 N, no attention term
         precision = "float8" if cfg.dtype == "float8" else None if self.dtype == torch.float32 else self.dtype
         self.model = api.transform(model, mixed_precision=precision, seed=cfg.seed, kernels=cfg.kernels,
                                    compile=cfg.compile)

@@ -209,23 +209,3 @@ class ParallelDims:
     def shard_mesh(self):
         """The 1-D mesh of the partition group FSDP2 shards over (`shard_dim`)."""
         return self.mesh[self.shard_dim]
-
-
-def dims_from_distribution(distribution: dict, *, world_size: int, processes_per_host: int) -> ParallelDims:
-    """ParallelDims for the typed `distribution` (see `trainyard.job.distribution`): `tp`, `pp` and `cp` from
-    the tensor-, pipeline- and context-parallel degrees; the remaining data-parallel ranks form partition groups
-    of `mics.partition_group_size` (default: all of them, ZeRO-3), replicated over the rest."""
-    tp = distribution.get("tensor_parallel_degree") or 1
-    pp = distribution.get("pipeline_parallel_degree") or 1
-    cp = distribution.get("context_parallel_degree") or 1
-    if world_size % (tp * pp * cp):
-        named = f" x context_parallel_degree ({cp})" if cp > 1 else ""
-        raise ValueError(f"tensor_parallel_degree ({tp}) x pipeline_parallel_degree ({pp}){named} = {tp * pp * cp} "
-                         f"must divide the world size {world_size}")
-    dp = world_size // (tp * pp * cp)
-    p = (distribution.get("mics") or {}).get("partition_group_size") or dp
-    if dp % p:
-        raise ValueError(f"partition_group_size {p} must divide the data-parallel degree {dp} (world size "
-                         f"{world_size} / (tensor_parallel_degree {tp} x pipeline_parallel_degree {pp}))")
-    return ParallelDims(dp_replicate=dp // p, dp_shard=p, cp=cp, tp=tp, pp=pp, world_size=world_size,
-                        processes_per_host=processes_per_host)
