@@ -208,7 +208,7 @@ def test_a_mark_that_cannot_be_written_does_not_stop_the_save(monkeypatch):
     def unreachable(uri):
         raise ConnectionError("the store is down")
 
-    monkeypatch.setattr(manager, "_fs", unreachable)
+    monkeypatch.setattr(manager, "filesystem", unreachable)
     said: list[str] = []
     manager.mark_direct("s3://nowhere/ckpt-unmarked", said.append)
     assert said and said[0].startswith("WARNING: s3://nowhere/ckpt-unmarked/.trainyard-engine-checkpoints.json not "

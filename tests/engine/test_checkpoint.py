@@ -389,7 +389,7 @@ def test_the_data_file_written_from_the_tensors_is_dcps_own(uri, monkeypatch):
             monkeypatch.setattr(cio.VerifiedWriter, "_write_safetensors", dcps_writer)
         target = f"{uri}/{way}"
         ckpt.save_checkpoint(target, 1, model, opt, sched, extra=extra)
-        fs, root = ckpt.locations._fs(ckpt.step_uri(target, 1))
+        fs, root = ckpt.filesystem(ckpt.step_uri(target, 1))
         data = fs.cat_file(f"{root}/rank-00000/__0_0.distcp")
         files[way] = st_load(data)
         header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])

@@ -57,7 +57,7 @@ def resolve_step(uri: str) -> tuple[str, int]:
     match = re.search(rf"/{ckpt.STEP_PREFIX}(\d+)/?$", uri)
     if match:
         step_path = uri.rstrip("/")
-        fs, path = ckpt._fs(step_path)
+        fs, path = ckpt.filesystem(step_path)
         if not fs.exists(f"{path}/{ckpt.COMMIT_MARKER}"):
             raise ValueError(f"{step_path} holds no committed step (no {ckpt.COMMIT_MARKER}: missing, or its save "
                              "did not finish); give the checkpoint location to take its newest committed step")
@@ -91,7 +91,7 @@ def export_checkpoint(uri: str, out_dir: str) -> dict:
     if not state:
         raise ValueError(f"{step_path} holds no model tensors (keys start with {MODEL_PREFIX!r})")
     dcp.load({"app": {"model": state}}, storage_reader=reader, no_dist=True)
-    fs, path = ckpt._fs(step_path)
+    fs, path = ckpt.filesystem(step_path)
     config_path = f"{path}/{MODEL_CONFIG_FILE}"
     model_config = json.loads(fs.cat(config_path)) if fs.exists(config_path) else None
     os.makedirs(out_dir, exist_ok=True)

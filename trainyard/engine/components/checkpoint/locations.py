@@ -56,7 +56,8 @@ def storage_options(uri: str) -> dict[str, Any]:
     return options
 
 
-def _fs(uri: str):
+def filesystem(uri: str):
+    """The fsspec filesystem of `uri` (its S3 endpoint and keys: `storage_options`) and the path in it."""
     from fsspec.core import url_to_fs
 
     fs, path = url_to_fs(uri, **storage_options(uri))
@@ -78,7 +79,7 @@ def validate_uri(uri: str) -> None:
         bucket = uri[len("s3://"):].split("/", 1)[0]
         if not bucket:
             raise ValueError(f"checkpoint uri {uri!r} names no bucket")
-        fs, _ = _fs(uri)
+        fs, _ = filesystem(uri)
         if not fs.exists(bucket):
             raise ValueError(
                 f"checkpoint uri {uri!r}: bucket {bucket!r} does not exist or cannot be reached "
@@ -89,7 +90,7 @@ def validate_uri(uri: str) -> None:
 def list_steps(uri: str) -> dict[int, bool]:
     """Every `step-*` prefix under `uri`: {step: committed (has .metadata)}."""
     _check_uri_type(uri)
-    fs, root = _fs(uri)
+    fs, root = filesystem(uri)
     fs.invalidate_cache()  # s3fs caches listings; another process may have written since
     try:
         entries = fs.ls(root, detail=False)
@@ -128,9 +129,9 @@ def purge(uri: str, keep_last: int, *, protect: int | None = None) -> list[int]:
     oldest_kept = min(kept) if kept else None
     doomed = [s for s, ok in steps.items()
               if s not in kept and (ok or (oldest_kept is not None and s < oldest_kept))]
-    fs, _ = _fs(uri)
+    fs, _ = filesystem(uri)
     for step in sorted(doomed):
-        _, path = _fs(step_uri(uri, step))
+        _, path = filesystem(step_uri(uri, step))
         if steps[step]:  # uncommit first: a purge cut short leaves an ignored prefix, never a damaged step
             fs.rm(f"{path}/{COMMIT_MARKER}")
         fs.rm(path, recursive=True)

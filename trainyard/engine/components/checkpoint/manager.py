@@ -17,8 +17,8 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
-from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, _fs, check_keep_last,
-                                                              committed_steps, is_remote, purge, step_uri,
+from trainyard.engine.components.checkpoint.locations import (DEFAULT_KEEP_LAST, check_keep_last,
+                                                              committed_steps, filesystem, is_remote, purge, step_uri,
                                                               storage_options)
 from trainyard.engine.components.contract import DIRECT_CHECKPOINTS
 from trainyard.engine.components.checkpoint.staging import stager
@@ -340,7 +340,7 @@ def mark_direct(uri: str, say=print) -> None:
         return
     _MARKED.add(uri)
     try:
-        fs, path = _fs(uri)
+        fs, path = filesystem(uri)
         fs.pipe_file(f"{path.rstrip('/')}/{DIRECT_CHECKPOINTS}", json.dumps({"written_to": uri}).encode())
     except Exception as e:  # noqa: BLE001 - the save goes on; a later sync restores the steps as well
         say(f"WARNING: {uri}/{DIRECT_CHECKPOINTS} not written ({type(e).__name__}: {e}); the save goes on")

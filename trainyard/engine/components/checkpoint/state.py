@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainyard.engine.components.checkpoint.locations import _fs
+from trainyard.engine.components.checkpoint.locations import filesystem
 
 # Optimizer state keyed by parameter name, param-group settings included ("param_groups.<name>.lr"):
 # with pipeline parallelism every rank holds different parameters, and a nested "param_groups" list
@@ -222,6 +222,6 @@ def write_model_config(target: str, model: nn.Module) -> None:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or (dist.is_initialized() and dist.get_rank() != 0):
         return
-    fs, path = _fs(target)
+    fs, path = filesystem(target)
     fs.makedirs(path, exist_ok=True)  # local paths; a no-op on object stores
     fs.pipe_file(f"{path}/model.json", json.dumps(config.to_dict(), indent=1).encode())

@@ -35,7 +35,8 @@ from torch import nn
 
 from trainyard.engine.distributed.tp import _matches
 from trainyard.engine.models.hf import spec as hf_spec
-from trainyard.engine.models.hf.weights import _check_uri, _fs, _is_local, _put
+from trainyard.engine.components.checkpoint import filesystem
+from trainyard.engine.models.hf.weights import _check_uri, _is_local, _put
 from trainyard.engine.protocols import ModelSpec, StageSplit
 
 
@@ -291,7 +292,7 @@ def write_adapter(model: nn.Module, state: dict, out: str) -> list[str]:
     `s3://` prefix): adapter_config.json and adapter_model.safetensors, which `PeftModel.from_pretrained` loads
     (rank 0). Written by PEFT to a temporary folder, then each file whole as `write_pretrained` writes its own."""
     _check_uri(out)
-    fs, root = _fs(out)
+    fs, root = filesystem(out)
     if _is_local(fs):
         os.makedirs(root, exist_ok=True)
     with tempfile.TemporaryDirectory() as staging:

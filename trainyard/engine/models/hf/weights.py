@@ -36,14 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from trainyard.engine.components.checkpoint import storage_options
+from trainyard.engine.components.checkpoint import filesystem
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -94,7 +93,7 @@ def write_pretrained(state: dict[str, torch.Tensor], out: str, *, config: Any = 
     shards = _plan_shards(tensors, max_shard_size)
     names = [SINGLE_FILE] if len(shards) == 1 else [
         f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-    fs, root = _fs(out)
+    fs, root = filesystem(out)
     if _is_local(fs):
         os.makedirs(root, exist_ok=True)  # never for S3: the engine does not create buckets
     written = [_put(fs, root, name, safetensors_bytes(shard, metadata=_METADATA))
@@ -268,7 +267,7 @@ def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
     fetched (headers included), "files": file names, "missing": [...], "unexpected": [...]}.
     """
     _check_uri(source)
-    fs, root = _fs(source)
+    fs, root = filesystem(source)
     files = _weight_files(fs, root, source)
     entries, bytes_read = _read_headers(fs, files)
     plan, missing, unexpected = _match_names(model_tensors(model) if targets is None else targets, entries, source,
@@ -494,11 +493,6 @@ def _check_uri(uri: Any) -> None:
     # pathlib.Path folds "s3://b" into "s3:/b": storage locations are always str
     if not isinstance(uri, str) or not uri:
         raise ValueError(f"weights location must be a non-empty str (a path or s3:// URI), got {uri!r}")
-
-
-def _fs(uri: str):
-    fs, path = url_to_fs(uri, **storage_options(uri))
-    return fs, path.rstrip("/")
 
 
 def _is_local(fs) -> bool:
