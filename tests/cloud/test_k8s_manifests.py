@@ -108,7 +108,7 @@ def test_what_the_pytorchjob_says():
 def test_the_contract_configmap_and_the_fsx_volume():
     s = spec()
     assert JobSpec.from_json(s.to_json()) == s  # the options round-trip with the spec
-    assert build_spec(**{**s.model_dump(), "backend": None}).backend == "kubernetes"  # the options choose it
+    assert s.evolve(backend=None).backend == "kubernetes"  # the options choose it
     kinds = by_kind(manifests.render(s))
     data = kinds["ConfigMap"]["data"]
     assert json.loads(data["spec.json"]) == json.loads(s.to_json())

@@ -299,10 +299,8 @@ def test_agent_stopped_while_waiting_for_peers_reports_interrupted(aws, tmp_path
     with FakeImds(0, ids[0]) as fake:
         proc = _start_agent(state_uri, fake, tmp_path / "ml", tmp_path / "fsx", port=_free_port())
         try:
-            deadline = time.monotonic() + 60
-            while not _statuses(aws, state_uri, "algo-1") and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(0.5)
+            eventually(lambda: _statuses(aws, state_uri, "algo-1"), 60, what="algo-1's first status")
+            time.sleep(0.5)  # into its wait for the peer that never comes (nothing to poll for: it only waits)
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)  # docker stop, or the instance shutting down
             code, out = _finish(proc, timeout=30)
@@ -431,9 +429,7 @@ def test_metrics_shipper_ships_complete_lines_as_numbered_parts_and_the_rest_on_
     shipper.start()  # the thread's rounds
     with open(path, "a") as fh:
         fh.write(row(3)[7:] + row(4))
-    deadline = time.monotonic() + 30
-    while len(keys()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: len(keys()) >= 2, 30, interval=0.05, what=lambda: f"a second part: {keys()}")
     with open(path, "a") as fh:
         fh.write(row(5).rstrip("\n"))  # a last line without its newline: shipped by close() only
     assert shipper.close()

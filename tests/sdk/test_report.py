@@ -241,7 +241,7 @@ def test_a_profiled_job_lists_its_traces_from_the_profiler_output(tmp_path):
     assert f"{traces}/rank0-steps2-3.pt.trace.json" in section and "<th>rank1-steps7-7.pt.trace.json</th><td>10 B" in section
     assert "Steps 2-3, 7 of rank(s) 0, 1" in section
     # traces not there (yet): said, not drawn
-    spec2 = build_spec(**{**spec.model_dump(), "job_name": "report-prof2"})
+    spec2 = spec.evolve(job_name="report-prof2")
     page = open(report.write_report(FakeJob({**desc, "TrainingJobName": "report-prof2"}, [], spec=spec2),
                                     str(tmp_path / "q.html")), encoding="utf-8").read()
     assert "nothing under file://" in _sections(page)["profiler"] and "report-prof2/profiler-output" in page
