@@ -155,7 +155,9 @@ class JobSpec(BaseModel):
     instance_count: int = 1
     processes_per_host: int
     distribution: dict[str, Any] = {}
-    """As the user gave it (SageMaker's forms kept for the launcher's parameters); `parallelism` is its typed form."""
+    """As the user gave it, and so in spec.json (SageMaker's forms kept for the launcher's parameters, a partition
+    group left unset left to the world: an elastic shrink lays it out again on fewer hosts); `parallelism` is its
+    typed form on this world, which the contract and the SageMaker request carry."""
     environment: dict[str, str] = {}
     channels: tuple[Channel, ...] = ()
     checkpoint_s3_uri: str | None = None
