@@ -119,26 +119,31 @@ def test_trainyards_preloaded_entries_read_no_process_variable_on_import():
         "trainyard.engine.train", "s3fs", "transformers.modeling_utils", "peft")
     assert preloaded("trainyard.engine.train", "module", None, {"model": "tiny"}) == ("trainyard.engine.train",)
     assert preloaded("train.py", "script", None, hf) == ()
-    # (peft imports transformers' model code: one process serves both)
-    for module in ("trainyard.engine.train", "s3fs", PROBE_MODULE, HEALTH_MODULE, "peft"):
-        probe = textwrap.dedent(f"""
-            import importlib, json, os
-            reads = []
-            class Watched(type(os.environ)):
-                def __getitem__(self, key):
-                    reads.append(key)
-                    return super().__getitem__(key)
-                def __contains__(self, key):
-                    reads.append(key)
-                    return super().__contains__(key)
-            os.environ.__class__ = Watched
-            importlib.import_module({module!r})
-            print(json.dumps(sorted(set(reads) & set({list(PER_PROCESS)!r}))))
-        """)
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "TRITON_INTERPRET": "1"})
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert json.loads(out.stdout.splitlines()[-1]) == [], (module, out.stdout)
+    # one process imports them all, in the servers' order (each module's reads are those its import added: the
+    # union is what a server importing several of them reads); peft imports transformers' model code
+    modules = ["trainyard.engine.train", "s3fs", "peft", PROBE_MODULE, HEALTH_MODULE]
+    probe = textwrap.dedent(f"""
+        import importlib, json, os
+        reads = []
+        class Watched(type(os.environ)):
+            def __getitem__(self, key):
+                reads.append(key)
+                return super().__getitem__(key)
+            def __contains__(self, key):
+                reads.append(key)
+                return super().__contains__(key)
+        os.environ.__class__ = Watched
+        found = {{}}
+        for module in {modules!r}:
+            importlib.import_module(module)
+            found[module] = sorted(set(reads) & set({list(PER_PROCESS)!r}))
+            reads.clear()
+        print(json.dumps(found))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {m: [] for m in modules}, out.stdout
 
 
 def test_one_process_is_started_as_its_own_interpreter(tmp_path):
