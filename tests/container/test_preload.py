@@ -104,27 +104,23 @@ def test_a_server_ended_while_it_imports_ends_the_launch_and_leaves_nothing(tmp_
     assert left.stdout == "", left.stdout
 
 
-def test_trainyards_preloaded_entries_read_no_process_variable_on_import():
+def test_trainyards_preloaded_entries_read_no_process_variable_and_touch_no_gpu_on_import(tmp_path):
     """What the server imports under the host's variables only: a read of RANK (or another per-process
-    variable) at import would be the server's, the same for every process."""
+    variable) at import would be the server's, the same for every process. Nor may an import ask CUDA anything
+    (`torch.cuda.is_available()`, `device_count()` ...): a CUDA driver initialised before the fork fails in every
+    forked rank ("CUDA error: initialization error"). transformers' model code does, through torchao and
+    torch._dynamo, so a host's ranks of `model hf` import it each on its own."""
     assert preloaded("trainyard.engine.train", "module") == ("trainyard.engine.train",)
     assert preloaded("trainyard.engine.train", "module", "s3://b/ckpt") == ("trainyard.engine.train", "s3fs")
     assert preloaded("train.py", "script") == () and preloaded("mypkg.train", "module") == ()
     assert preloaded("train.py", "script", "s3://b/ckpt") == ()
-    # the built-in trainer's Hugging Face models: transformers' model code, and peft for LoRA adapters
-    hf = {"model": "hf", "lora_r": "0"}
-    assert preloaded("trainyard.engine.train", "module", None, hf) == ("trainyard.engine.train",
-                                                                      "transformers.modeling_utils")
-    assert preloaded("trainyard.engine.train", "module", "s3://b/ckpt", {**hf, "lora_r": 8}) == (
-        "trainyard.engine.train", "s3fs", "transformers.modeling_utils", "peft")
-    assert preloaded("trainyard.engine.train", "module", None, {"model": "tiny"}) == ("trainyard.engine.train",)
-    assert preloaded("train.py", "script", None, hf) == ()
     # one process imports them all, in the servers' order (each module's reads are those its import added: the
-    # union is what a server importing several of them reads); peft imports transformers' model code
-    modules = ["trainyard.engine.train", "s3fs", "peft", PROBE_MODULE, HEALTH_MODULE]
+    # union is what a server importing several of them reads)
+    modules = ["trainyard.engine.train", "s3fs", PROBE_MODULE, HEALTH_MODULE]
     probe = textwrap.dedent(f"""
-        import importlib, json, os
-        reads = []
+        import importlib, json, os, sys
+        import torch
+        reads, cuda = [], []
         class Watched(type(os.environ)):
             def __getitem__(self, key):
                 reads.append(key)
@@ -133,17 +129,28 @@ def test_trainyards_preloaded_entries_read_no_process_variable_on_import():
                 reads.append(key)
                 return super().__contains__(key)
         os.environ.__class__ = Watched
+        for name in ("is_available", "device_count", "init", "_lazy_init", "get_device_name",
+                     "get_device_capability", "current_device"):
+            def asked(*args, _name=name, _real=getattr(torch.cuda, name), **kwargs):
+                cuda.append(f"torch.cuda.{{_name}} from {{sys._getframe(1).f_code.co_filename}}")
+                return _real(*args, **kwargs)
+            setattr(torch.cuda, name, asked)
         found = {{}}
-        for module in {modules!r}:
+        for module in sys.argv[1:]:
             importlib.import_module(module)
-            found[module] = sorted(set(reads) & set({list(PER_PROCESS)!r}))
+            found[module] = [sorted(set(reads) & set({list(PER_PROCESS)!r})), cuda[:]]
             reads.clear()
+            cuda.clear()
         print(json.dumps(found))
     """)
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    # and a module that does both, last: the probe sees what it must
+    (tmp_path / "asks.py").write_text("import os, torch\nos.environ.get('RANK')\ntorch.cuda.is_available()\n")
+    out = subprocess.run([sys.executable, "-c", probe, *modules, "asks"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.splitlines()[-1]) == {m: [] for m in modules}, out.stdout
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found.pop("asks") == [["RANK"], [f"torch.cuda.is_available from {tmp_path / 'asks.py'}"]], out.stdout
+    assert found == {m: [[], []] for m in modules}, out.stdout
 
 
 def test_one_process_is_started_as_its_own_interpreter(tmp_path):

@@ -452,23 +452,14 @@ def health_check(run: HostRun, log_dir: str) -> str:
     return result["reason"]
 
 
-def preloaded(entry_point: str, entry_kind: str, checkpoint_s3_uri: str | None = None,
-              hyperparameters: dict | None = None) -> tuple[str, ...]:
+def preloaded(entry_point: str, entry_kind: str, checkpoint_s3_uri: str | None = None) -> tuple[str, ...]:
     """What the host's processes import once before they are forked (launcher.py, preload.py): trainyard's own
-    entry modules (the built-in trainer), whose imports read no process's own variable; with checkpoints in S3
+    entry modules (the built-in trainer), whose imports read no process's own variable, and with checkpoints in S3
     s3fs, which the trainer imports when it looks for one to resume (0.8 s of CPU a process: aiobotocore, aiohttp
-    and, where installed, httpx2); and for the built-in trainer's `model hf` transformers' model code (1.7 s:
-    torch._dynamo, which its decorators load, and torchao where installed), with peft for LoRA (`lora_r`). A
-    user's script or module starts in a fresh interpreter, as under torchrun."""
+    and, where installed, httpx2); a user's script or module starts in a fresh interpreter, as under torchrun."""
     if entry_kind != "module" or entry_point.split(".")[0] != "trainyard":
         return ()
-    modules = (entry_point, "s3fs") if checkpoint_s3_uri else (entry_point,)
-    hps = hyperparameters or {}
-    if entry_point == "trainyard.engine.train" and str(hps.get("model", "")) == "hf":
-        modules += ("transformers.modeling_utils",)
-        if str(hps.get("lora_r", "0")).strip() not in ("", "0"):
-            modules += ("peft",)
-    return modules
+    return (entry_point, "s3fs") if checkpoint_s3_uri else (entry_point,)
 
 
 def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
@@ -486,7 +477,7 @@ def train(run: HostRun, log_dir: str) -> tuple[int, RankFailure | None, str]:
                                    run.code_dir, host=run.host, node_rank=run.index, nnodes=spec.instance_count,
                                    nproc=spec.processes_per_host, master_addr=run.master_addr, master_port=port,
                                    log_dir=log_dir, preload=preloaded(spec.entry_point, spec.entry_kind,
-                                                                     spec.checkpoint_s3_uri, spec.hyperparameters))
+                                                                     spec.checkpoint_s3_uri))
     run.say(launch_line(spec, run.index, run.master_addr, port))
     code, failure, hang = run_training(launch, run.host, log_dir, phases=run.phases,
                                        metrics_file=f"{run.root}/output/data/{METRICS_FILE}",
