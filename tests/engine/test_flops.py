@@ -59,6 +59,18 @@ def test_a_mixture_of_experts_counts_only_the_experts_a_token_goes_through():
     experts, one = _expert_params(hf, ("gate_up_proj", "down_proj"))
     assert experts == 2 * 8 * one == 2 * 8 * 3 * 64 * 32
     assert flops.shape_of(hf).matmul_params == total - 1000 * 64 - 2 * (8 - 2) * one
+    # blocks partly dense (every second one sparse), and a shared expert beside the routed ones: only the sparse
+    # blocks' routed experts are left out
+    config = transformers.Qwen2MoeConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                         moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+                                         num_experts_per_tok=1, decoder_sparse_step=2, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in hf.parameters())
+    experts, one = _expert_params(hf, ("gate_up_proj", "down_proj"))
+    assert experts == 2 * 4 * one == 2 * 4 * 3 * 64 * 32  # 2 sparse blocks of the 4
+    assert flops.shape_of(hf).matmul_params == total - 1000 * 64 - 2 * (4 - 1) * one
 
 
 def test_unknown_model_has_no_shape_and_cpu_peak_is_measured():

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainyard.errors import ConfigError
 from trainyard.parallel import shapes
 from trainyard.parallel.shapes import model_flops_per_token
 
@@ -53,12 +52,22 @@ def shape_of(model: nn.Module) -> Shape | None:
 
 
 def _idle_experts(model: nn.Module) -> int:
-    """The parameters of the routed experts a token does not go through, over all blocks (0 for a dense model, or
-    one whose config the planner's shapes cannot read)."""
-    try:
-        return shapes.from_module(model).idle_expert_params
-    except ConfigError:
+    """The parameters of the routed experts a token does not go through: in each `experts` module (the built-in
+    model's, transformers' packed ones (experts, ...) or a list of experts), all but top_k of its experts'. Read
+    from the modules, so a model whose blocks are partly dense counts its sparse blocks only; 0 for a dense model."""
+    config = getattr(model, "config", None)
+    top_k = getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k", None)
+    if not isinstance(top_k, int) or top_k < 1:
         return 0
+    idle = 0
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] != "experts":
+            continue
+        params = list(module.parameters())
+        n = len(module) if isinstance(module, nn.ModuleList) else params[0].shape[0] if params else 0
+        if n > top_k:
+            idle += sum(p.numel() for p in params) * (n - top_k) // n
+    return idle
 
 
 def table_peak(device: torch.device, dtype: torch.dtype) -> tuple[float, str] | None:
