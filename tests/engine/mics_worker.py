@@ -30,7 +30,7 @@ SEQ, SEED, LR, CLIP = 16, 5, 1e-3, 0.05  # CLIP well below the gradient norm: cl
 
 def optimizer(model):
     # eps large enough that near-zero gradients do not turn summation-order noise into whole updates
-    # fused: one DTensor op a step, where foreach propagates the sharding of ~12 (the CPU default: every op of every shard)
+    # fused: one DTensor op a step (foreach propagates the sharding of ~12; the CPU default, every op of every shard)
     return torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-5, weight_decay=0.1, fused=True)
 
 

@@ -64,7 +64,7 @@ def config(case: dict):
 
 
 def optimizer(params):
-    # fused: one DTensor op a step, where foreach propagates the sharding of ~12 (the CPU default: every op of every shard)
+    # fused: one DTensor op a step (foreach propagates the sharding of ~12; the CPU default, every op of every shard)
     return torch.optim.AdamW(params, lr=LR, eps=1e-5, weight_decay=0.1, fused=True)
 
 

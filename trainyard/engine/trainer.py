@@ -1,10 +1,10 @@
 """The built-in trainer, a client of the engine's public API (`api.py`) like any user script.
 
 `Trainer(cfg, parallelism)` takes the configuration and the layout `train.load_config` read (hyperparameters
-reconciled with the job's distribution) and builds: context and mesh (`init`) -> the model on the meta device (the built-in Transformer
-of MODEL_CONFIGS, or the Hugging Face causal LM of a model channel) -> `transform` (pipeline stages, TP, AC,
-MiCS, weights) -> pretrained weights if the channel has them -> AdamW + schedule -> the data source (token
-files, text tokenized with the model's tokenizer, or synthetic) -> resume from the newest verified step.
+reconciled with the job's distribution) and builds: context and mesh (`init`) -> the model on the meta device (the
+built-in Transformer of MODEL_CONFIGS, or the Hugging Face causal LM of a model channel) -> `transform` (pipeline
+stages, TP, AC, MiCS, weights) -> pretrained weights if the channel has them -> AdamW + schedule -> the data source
+(token files, text tokenized with the model's tokenizer, or synthetic) -> resume from the newest verified step.
 `run()` loops (micro-batches through `forward_backward`, clip, step, metrics, checkpoints), stops cleanly on
 SIGTERM (`stop()`), and exports the model at the end (`export()`). Each step's row goes through `log_metrics`
 (metrics.jsonl, and TensorBoard when the job asked for it); `mark_step` and `log_metrics` bound the steps the

@@ -20,8 +20,9 @@ resume, `CheckpointManager`). Its public names are importable from the package.
 from trainyard.engine.components.checkpoint.io import CheckpointDamaged, SafeReader, VerifiedWriter, verify_step
 from trainyard.engine.components.checkpoint.locations import (COMMIT_MARKER, DEFAULT_KEEP_LAST, STEP_DIGITS,
                                                               STEP_PREFIX, check_location_form, committed_steps,
-                                                              filesystem, is_remote, latest_committed_step, list_steps, purge,
-                                                              step_uri, storage_options, validate_uri)
+                                                              filesystem, is_remote, latest_committed_step,
+                                                              list_steps, purge, step_uri, storage_options,
+                                                              validate_uri)
 from trainyard.engine.components.checkpoint.manager import (AsyncSaver, CheckpointManager, damage, load_checkpoint,
                                                             newest_verified_step, resume, save_checkpoint)
 from trainyard.engine.components.checkpoint.state import (ExtraState, ModelOptimState, TrainerState, from_tensors,
@@ -29,7 +30,7 @@ from trainyard.engine.components.checkpoint.state import (ExtraState, ModelOptim
 
 __all__ = ["COMMIT_MARKER", "DEFAULT_KEEP_LAST", "STEP_DIGITS", "STEP_PREFIX", "AsyncSaver", "CheckpointDamaged",
            "CheckpointManager", "ExtraState", "ModelOptimState", "SafeReader", "TrainerState", "VerifiedWriter",
-           "check_location_form", "committed_steps", "damage", "filesystem", "from_tensors", "is_remote", "latest_committed_step",
-           "list_steps", "load_checkpoint", "newest_verified_step", "purge", "resume", "save_checkpoint",
-           "state_of", "step_uri", "storage_options", "to_tensors", "validate_uri", "verify_step",
+           "check_location_form", "committed_steps", "damage", "filesystem", "from_tensors", "is_remote",
+           "latest_committed_step", "list_steps", "load_checkpoint", "newest_verified_step", "purge", "resume",
+           "save_checkpoint", "state_of", "step_uri", "storage_options", "to_tensors", "validate_uri", "verify_step",
            "write_model_config"]
