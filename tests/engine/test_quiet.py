@@ -27,7 +27,9 @@ def _example(h: q.Harmless) -> str:
         "While": "While redistributing from (Shard(dim=0),) to (Replicate(),), 2 sequential all_gather operations",
         "torch\\": "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in "
                    "a single process.",
-    }[next(k for k in ("Slicing", "While", "torch\\") if h.message.startswith(k))]
+        "`is_gradient": "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use "
+                        "`is_activation_checkpointing` instead.",
+    }[next(k for k in ("Slicing", "While", "torch\\", "`is_gradient") if h.message.startswith(k))]
 
 
 def _shown(show_all, caplog) -> tuple[list[str], list[str]]:

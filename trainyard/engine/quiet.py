@@ -1,4 +1,5 @@
-"""Torch's notes that say nothing about the user's job, hidden by default: the one list, each with why.
+"""Torch's (and its libraries') notes that say nothing about the user's job, hidden by default: the one list, each
+with why.
 
 `quiet()` is called by `trainyard.engine.init()` (so by the built-in trainer and every script that uses the
 engine API) and by the `trainyard` command line. It hides exactly the entries below, matched by their
@@ -50,6 +51,13 @@ HARMLESS: tuple[Harmless, ...] = (
                 r"load in a single process",
         why="`trainyard checkpoint export` and single-process loads read a sharded checkpoint in one process on "
             "purpose; that is what the message assumes",
+    ),
+    Harmless(
+        category=FutureWarning,
+        message=r"`is_gradient_checkpointing` is deprecated",
+        why="peft reads the model's `is_gradient_checkpointing`, which transformers 5 deprecated for "
+            "`is_activation_checkpointing`: a note to peft's authors, in every LoRA job's log, that no code or "
+            "setting of the user's causes",
     ),
 )
 
