@@ -15,8 +15,9 @@ import time
 from trainyard.container.launcher import worker_env
 
 # what every worker imports first (torch and the engine, and torch's pipelining, which the pipeline cases of most
-# workers import at their first schedule: with torch._dynamo, 0.9 s of CPU a process); a worker's own imports come
-# after, in each process
+# workers import at their first schedule: with torch._dynamo, 0.9 s of CPU a process, so the workers run with the
+# real package, as a pipelined job does; the deferred stand-in of engine/components/lazy_dynamo.py is checked by
+# test_lazy_dynamo and runs in every job of the slow cases); a worker's own imports come after, in each process
 PRELOAD = ("trainyard.engine.api", "torch.distributed.pipelining")
 # and a worker of Hugging Face models: transformers' model code (2.5 s of CPU a process; it reads no variable that
 # differs between a host's processes when it is imported) and peft's

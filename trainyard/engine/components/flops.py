@@ -64,7 +64,11 @@ def _idle_experts(model: nn.Module) -> int:
         if name.rsplit(".", 1)[-1] != "experts":
             continue
         params = list(module.parameters())
-        n = len(module) if isinstance(module, nn.ModuleList) else params[0].shape[0] if params else 0
+        if isinstance(module, nn.ModuleList):
+            n = len(module)
+        else:  # packed: every tensor's first dimension the experts, and a 3-D weight among them
+            n = params[0].shape[0] if params and any(p.dim() == 3 for p in params) else 0
+            n = n if all(p.shape[0] == n for p in params) else 0
         if n > top_k:
             idle += sum(p.numel() for p in params) * (n - top_k) // n
     return idle
