@@ -14,7 +14,7 @@ from trainyard.errors import ConfigError
 from trainyard.job.plan import Layout, evaluate, layouts, plan, resolve_model
 from trainyard.job.plan import memory
 from trainyard.parallel.layout import check_cp_pp
-from trainyard.job.plan.hardware import hardware
+from trainyard.job.plan.hardware import COMPILED_SPEEDUP, STEP_BYTES_PER_PARAM, hardware
 from trainyard.parallel.shapes import from_preset
 
 GiB = 2 ** 30
@@ -179,6 +179,32 @@ def test_offload_is_chosen_only_when_nothing_else_fits_and_host_memory_is_checke
     # CPU hosts have nothing to offload to: never enumerated there
     local = plan("10m", seq_len=64, global_batch_size=8, instance_type="local", processes_per_host=2)
     assert not any(p.layout.cpu_offload for p in local.layouts)
+
+
+def test_compile_runs_the_tokens_faster_and_the_per_step_overhead_is_the_rank_s_parameters_at_memory_speed():
+    shape, hw = from_preset("llama3.2-1b"), hardware("p5.4xlarge", 1)
+    one = dict(dp=1, partition_group_size=1)
+    eager, compiled = (evaluate(shape, _layout(**one, micro_batch_size=4), seq_len=2048, global_batch_size=4, hw=hw,
+                                instance_count=1, compiled=c) for c in (False, True))
+    assert compiled.time.compute_s == pytest.approx(eager.time.compute_s / COMPILED_SPEEDUP)
+    for p, c in ((eager, False), (compiled, True)):
+        assert p.time.overhead_s == pytest.approx(STEP_BYTES_PER_PARAM[c] * shape.total_params / 3.35e12, rel=1e-3)
+        assert p.time.step_s == pytest.approx(p.time.compute_s + p.time.overhead_s)
+    assert compiled.tokens_per_s_per_gpu > eager.tokens_per_s_per_gpu * COMPILED_SPEEDUP
+    # once per step: more tokens a step, more tokens a second; sharded over 8 GPUs, an eighth of it each
+    speeds = [evaluate(shape, _layout(**one, micro_batch_size=m), seq_len=2048, global_batch_size=m, hw=hw,
+                       instance_count=1).tokens_per_s_per_gpu for m in (1, 2, 4, 8)]
+    assert speeds == sorted(speeds) and speeds[0] < 0.7 * speeds[-1]
+    eight = evaluate(shape, _layout(), seq_len=2048, global_batch_size=8, hw=hardware("p5.48xlarge", 1),
+                     instance_count=1)
+    assert eight.time.overhead_s == pytest.approx(eager.time.overhead_s / 8, rel=0.01)
+    # the plan says which it is; CPU hosts have no memory figure, so no overhead
+    assert plan("llama3.2-1b", seq_len=2048, global_batch_size=8, instance_type="p5.4xlarge", compile=True).compiled
+    local = plan("tiny", seq_len=64, global_batch_size=8, instance_type="local", processes_per_host=2)
+    assert not local.compiled and all(p.time.overhead_s == 0 for p in local.layouts)
+    with pytest.raises(ConfigError) as e:
+        plan("tiny", seq_len=64, global_batch_size=8, instance_type="local", compile="yes")
+    assert e.value.field == "compile"
 
 
 def test_several_counts_are_ranked_together_by_cost_per_token():

@@ -75,3 +75,14 @@ def test_several_instance_counts_in_one_plan(capsys):
     assert main([*args, "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "1/2 x p5.48xlarge" in out and out.splitlines()[1].split()[:3] == ["#", "hosts", "fits"]
+
+
+def test_compile_plans_the_job_under_torch_compile(capsys):
+    speeds = {}
+    for extra in ([], ["--compile"]):
+        assert main([*ARGS, "--top", "1", *extra]) == 0
+        header = capsys.readouterr().out.splitlines()[0]
+        assert ("; compiled;" if extra else "; eager;") in header
+        assert main([*ARGS, "--json", *extra]) == 0
+        speeds[bool(extra)] = json.loads(capsys.readouterr().out)["layouts"][0]["tokens_per_s_per_gpu"]
+    assert speeds[True] > speeds[False]

@@ -25,6 +25,19 @@ def test_auto_takes_the_plans_best_layout_and_records_it():
     assert est._spec.plan["summary"].startswith("distribution 'auto': dp ")
 
 
+def test_the_plan_is_compiled_when_the_job_is(tmp_path):
+    assert not _est().plan().compiled
+    est = _est(distribution="auto", hyperparameters={**HPS, "compile": True})
+    assert est.plan().compiled and est._spec.plan["compile"] is True
+    assert not est.plan(compile=False).compiled  # an argument of plan() overrides
+    # a script of your own says so in the auto form (or to plan())
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    mine = Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local", instance_count=1,
+                     processes_per_host=2, distribution={"auto": {"model": "10m", "seq_len": 64,
+                                                                  "global_batch_size": 8, "compile": True}})
+    assert mine._spec.plan["compile"] is True and not mine.plan(compile=False).compiled
+
+
 def test_auto_keeps_a_micro_batch_size_the_user_gave():
     est = _est(distribution="auto", hyperparameters={**HPS, "micro_batch_size": 2})
     assert est.hyperparameters()["micro_batch_size"] == 2

@@ -153,12 +153,12 @@ def check_entry_syntax(path: str | None) -> None:
         raise ConfigError("entry_point", f"{path}: {e}") from None
 
 
-AUTO_KEYS = ("model", "seq_len", "global_batch_size", "micro_batch_size", "precision")
+AUTO_KEYS = ("model", "seq_len", "global_batch_size", "micro_batch_size", "precision", "compile")
 
 
 def auto_options(distribution: object) -> dict | None:
     """None unless `distribution` is "auto" ({}) or {"auto": {model, seq_len, global_batch_size, micro_batch_size,
-    precision}} (what the planner needs of a script of your own, or a Hugging Face model's config)."""
+    precision, compile}} (what the planner needs of a script of your own, or a Hugging Face model's config)."""
     if distribution == "auto":
         return {}
     if not (isinstance(distribution, dict) and "auto" in distribution):

@@ -302,20 +302,22 @@ class Estimator:
         return job
 
     def plan(self, *, train_tokens: float | None = None, model: object = None, seq_len: int | None = None,
-             global_batch_size: int | None = None) -> Plan:
+             global_batch_size: int | None = None, compile: bool | None = None) -> Plan:
         """Every layout of the job's model on this Estimator's instances, best first: memory, step time, tokens/s,
-        MFU and cost (trainyard/job/plan; docs/plan.md). The model, seq_len and global_batch_size are the built-in
-        trainer's hyperparameters, those of `distribution={"auto": {...}}`, or these arguments (a script of your
-        own needs them). `plan().best` is what distribution "auto" runs."""
+        MFU and cost (trainyard/job/plan; docs/plan.md). The model, seq_len, global_batch_size and compile are the
+        built-in trainer's hyperparameters, those of `distribution={"auto": {...}}`, or these arguments (a script
+        of your own needs the first three; compile says it runs under torch.compile). `plan().best` is what
+        distribution "auto" runs."""
         spec = self._spec
-        given = {k: v for k, v in (("model", model), ("seq_len", seq_len), ("global_batch_size", global_batch_size))
-                 if v is not None}
+        given = {k: v for k, v in (("model", model), ("seq_len", seq_len), ("global_batch_size", global_batch_size),
+                                   ("compile", compile)) if v is not None}
         inputs = _plan_inputs(spec.entry_point, spec.entry_kind, spec.hyperparameters,
                               {**self._plan_options, **given}, self.model_uri, spec.instance_type)
         return plan_layouts(inputs["model"], seq_len=inputs["seq_len"], global_batch_size=inputs["global_batch_size"],
                             instance_type=spec.instance_type, instance_count=spec.instance_count,
                             processes_per_host=spec.processes_per_host, precision=inputs["precision"],
-                            micro_batch_size=inputs["micro_batch_size"], train_tokens=train_tokens)
+                            micro_batch_size=inputs["micro_batch_size"], train_tokens=train_tokens,
+                            compile=inputs["compile"])
 
     def _job_spec(self, inputs, job_name: str | None) -> JobSpec:
         """The spec of one job: the Estimator's, named (`job_name`, or base_job_name and the time), with
@@ -435,9 +437,9 @@ def _arguments(cls: type) -> frozenset[str]:
 
 def _plan_inputs(entry: str, kind: str, hyperparameters: dict | None, opts: dict, model_uri: str | None,
                  instance_type: str) -> dict:
-    """What the planner reads: model, seq_len, global_batch_size, precision and micro_batch_size (None: the
-    planner's choice). From `opts` (the {"auto": {...}} form, or plan()'s arguments) first, then the built-in
-    trainer's hyperparameters, and for its model hf the config.json of a local `model_uri`."""
+    """What the planner reads: model, seq_len, global_batch_size, precision, micro_batch_size (None: the
+    planner's choice) and compile. From `opts` (the {"auto": {...}} form, or plan()'s arguments) first, then the
+    built-in trainer's hyperparameters, and for its model hf the config.json of a local `model_uri`."""
     gpus = catalog.lookup(instance_type).num_gpus
     if not (kind == "module" and entry == BUILTIN_TRAINER):
         missing = [k for k in ("model", "seq_len", "global_batch_size") if opts.get(k) is None]
@@ -446,7 +448,7 @@ def _plan_inputs(entry: str, kind: str, hyperparameters: dict | None, opts: dict
                                               f"{entry!r} is a script of your own: give {missing} as "
                                               '{"auto": {"model": PRESET|CONFIG.json|DIR, "seq_len": N, '
                                               '"global_batch_size": N}} (or to plan())')
-        return {"precision": "bf16" if gpus else "fp32", "micro_batch_size": None, **opts}
+        return {"precision": "bf16" if gpus else "fp32", "micro_batch_size": None, "compile": False, **opts}
     try:
         cfg = parse_hyperparameters(user_args(hyperparameters or {}))
     except ValueError as e:
@@ -463,7 +465,7 @@ def _plan_inputs(entry: str, kind: str, hyperparameters: dict | None, opts: dict
     given = "micro_batch_size" in (hyperparameters or {})
     return {"model": model, "seq_len": cfg.seq_len, "global_batch_size": cfg.global_batch_size,
             "precision": precision, "micro_batch_size": cfg.micro_batch_size if given else None,
-            **{k: v for k, v in opts.items() if k != "model"}}
+            "compile": cfg.compile, **{k: v for k, v in opts.items() if k != "model"}}
 
 
 def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, opts: dict, model_uri: str | None,
@@ -475,7 +477,8 @@ def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, opts
     chosen, result = auto_plan.choose(inputs["model"], seq_len=inputs["seq_len"],
                                       global_batch_size=inputs["global_batch_size"], instance_type=instance_type,
                                       instance_count=instance_count, processes_per_host=processes,
-                                      precision=inputs["precision"], micro_batch_size=inputs["micro_batch_size"])
+                                      precision=inputs["precision"], micro_batch_size=inputs["micro_batch_size"],
+                                      compile=inputs["compile"])
     if kind == "module" and entry == BUILTIN_TRAINER:
         hyperparameters = {**(hyperparameters or {}), "micro_batch_size": chosen.layout.micro_batch_size}
     record = {**auto_plan.record(chosen, result), "summary": auto_plan.summary(chosen)}

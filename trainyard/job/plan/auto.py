@@ -8,11 +8,12 @@ from trainyard.parallel.shapes import ModelShape
 
 
 def choose(model: str | ModelShape, *, seq_len: int, global_batch_size: int, instance_type: str, instance_count: int,
-           processes_per_host: int, precision: str, micro_batch_size: int | None = None) -> tuple[PlannedLayout, Plan]:
+           processes_per_host: int, precision: str, micro_batch_size: int | None = None,
+           compile: bool = False) -> tuple[PlannedLayout, Plan]:
     """The best layout that fits (ConfigError naming the closest one and by how much otherwise)."""
     result = plan(model, seq_len=seq_len, global_batch_size=global_batch_size, instance_type=instance_type,
                   instance_count=instance_count, precision=precision, processes_per_host=processes_per_host,
-                  micro_batch_size=micro_batch_size)
+                  micro_batch_size=micro_batch_size, compile=compile)
     if result.best is None:
         near = result.layouts[0]
         raise ConfigError("distribution", f"'auto': no layout of {result.model.name} fits {instance_count} x "
@@ -27,7 +28,7 @@ def record(chosen: PlannedLayout, result: Plan) -> dict:
     """What describe() shows of the choice: the layout, its predictions and how many layouts were weighed."""
     return {"chosen": chosen.to_dict(), "layouts_considered": len(result.layouts),
             "layouts_fitting": sum(p.fits for p in result.layouts), "model": result.model.name,
-            "seq_len": result.seq_len, "global_batch_size": result.global_batch_size}
+            "seq_len": result.seq_len, "global_batch_size": result.global_batch_size, "compile": result.compiled}
 
 
 def summary(chosen: PlannedLayout) -> str:

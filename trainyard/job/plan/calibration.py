@@ -1,10 +1,12 @@
-"""The published training runs the planner's efficiency constants (`hardware.EFFICIENCY`) are fitted to, and
-the plan's prediction for each (tests/job/test_plan_calibration.py holds every one within 15%; docs/plan.md
-lists them with their sources).
+"""The training runs the planner's speed constants (`hardware.EFFICIENCY`, `COMPILED_SPEEDUP`,
+`STEP_BYTES_PER_PARAM`) are fitted to, and the plan's prediction for each (tests/job/test_plan_calibration.py
+holds every one within 15%; docs/plan.md lists them with their sources): published runs of other stacks
+(`PUBLISHED`), and the built-in trainer's own on one H100 (`MEASURED`, from docs/benchmarks.md).
 
-Each run is given as its authors state it: model shape, sequence length, batch, GPUs and the layout; the
-throughput in tokens/s per GPU (for the MiCS run, stated in TFLOP/s per GPU, converted with this planner's
-own FLOPs per token, 6 N + 12 L H Q T, so that the comparison is of the same quantity).
+Each run is given as its authors state it: model shape, sequence length, batch, GPUs, the layout and whether it
+ran under torch.compile; the throughput in tokens/s per GPU (for the MiCS run, stated in TFLOP/s per GPU, and the
+built-in trainer's, stated as MFU, converted with this planner's own FLOPs per token, 6 N + 12 L H Q T, so that
+the comparison is of the same quantity).
 """
 from __future__ import annotations
 
@@ -29,10 +31,9 @@ GPT_30B = ModelShape(name="gpt2-30b", vocab_size=50304, dim=7168, n_layers=48, n
 
 TORCHTITAN = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 SXM 96 GB HBM2e at the 500 W limit, "
               "400 Gb/s per GPU between hosts, seq 8192)")
-# torchtitan's measured speed-up of torch.compile + Float8 over plain bf16 FSDP (Table 1: 8,532 / 5,762 tokens/s/GPU):
-# the planner models the engine, which runs bf16 without them, so a run published with both is compared at its
-# bf16 equivalent
-FLOAT8_AND_COMPILE = 8532 / 5762
+# torchtitan's measured speed-up of Float8 over bf16, both compiled (Table 1: 8,532 / 6,667 tokens/s/GPU): the
+# planner models bf16, so a run published with Float8 is compared at its bf16 equivalent
+FLOAT8 = 8532 / 6667
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +46,7 @@ class Published:
     seq_len: int
     layout: Layout
     tokens_per_s_per_gpu: float
+    compiled: bool = False
     note: str = ""
 
     @property
@@ -54,7 +56,7 @@ class Published:
     def predicted_tokens_per_s_per_gpu(self) -> float:
         hw = hardware(self.instance_type, self.instance_count)
         return evaluate(self.model, self.layout, seq_len=self.seq_len, global_batch_size=self.global_batch_size,
-                        hw=hw, instance_count=self.instance_count).tokens_per_s_per_gpu
+                        hw=hw, instance_count=self.instance_count, compiled=self.compiled).tokens_per_s_per_gpu
 
     @property
     def error(self) -> float:
@@ -62,9 +64,10 @@ class Published:
         return self.predicted_tokens_per_s_per_gpu() / self.tokens_per_s_per_gpu - 1
 
 
-def _layout(*, dp: int, p: int, tp: int = 1, mbs: int = 1, micro: int = 1, ac: str) -> Layout:
+def _layout(*, dp: int, p: int, tp: int = 1, mbs: int = 1, micro: int = 1, ac: str, offload: bool = False) -> Layout:
     return Layout(dp=dp, partition_group_size=p, tp=tp, pp=1, pipeline_schedule="none", virtual_stages=1,
-                  micro_batch_size=mbs, microbatches=micro, activation_checkpointing=ac, precision="bf16")
+                  micro_batch_size=mbs, microbatches=micro, activation_checkpointing=ac, precision="bf16",
+                  cpu_offload=offload)
 
 
 PUBLISHED = [
@@ -78,14 +81,26 @@ PUBLISHED = [
                      "compile: 5,605 tokens/s/GPU",
               model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=128, p=128, mbs=2, ac="selective"),
               tokens_per_s_per_gpu=5605),
-    Published(name="torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8", instance_type="p5.48xlarge",
+    Published(name="torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled", instance_type="p5.48xlarge",
+              instance_count=1,
+              source=f"{TORCHTITAN}, Table 1: Llama 3.1 8B, 8 GPUs, FSDP + torch.compile, local batch 2, selective "
+                     "AC, bf16: 6,667 tokens/s/GPU",
+              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=8, p=8, mbs=2, ac="selective"),
+              tokens_per_s_per_gpu=6667, compiled=True),
+    Published(name="torchtitan Llama 3.1 8B, 128 H100, FSDP, compiled", instance_type="p5.48xlarge",
+              instance_count=16,
+              source=f"{TORCHTITAN}, Table 3: Llama 3.1 8B, 128 GPUs, FSDP + torch.compile, local batch 2, "
+                     "selective AC, bf16: 6,514 tokens/s/GPU",
+              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=128, p=128, mbs=2, ac="selective"),
+              tokens_per_s_per_gpu=6514, compiled=True),
+    Published(name="torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, compiled", instance_type="p5.48xlarge",
               instance_count=32,
               source=f"{TORCHTITAN}, Table 4: Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, local batch 16, full AC, "
                      "compile + Float8: 829 tokens/s/GPU",
               model=from_preset("llama3-70b"), seq_len=8192, layout=_layout(dp=32, p=32, tp=8, mbs=16, ac="full"),
-              tokens_per_s_per_gpu=829 / FLOAT8_AND_COMPILE,
-              note="compared in bf16 without compile: 829 / 1.481, torchtitan's own Table 1 speed-up of "
-                   "compile + Float8 over plain FSDP on 8B (8,532 / 5,762)"),
+              tokens_per_s_per_gpu=829 / FLOAT8, compiled=True,
+              note="compared in bf16: 829 / 1.280, torchtitan's own Table 1 speed-up of Float8 over bf16, both "
+                   "compiled, on 8B (8,532 / 6,667)"),
     Published(name="llm-foundry MPT-7B, 8 H100, FSDP", instance_type="p5.48xlarge", instance_count=1,
               source="llm-foundry scripts/train/benchmarking/README.md (H100 80GB BF16 table: 7b, seq 2048, 8 GPUs, "
                      "FULL_SHARD, micro-batch 6, no activation checkpointing: 46.44% MFU, 10,643 tokens/s/GPU)",
@@ -102,3 +117,41 @@ PUBLISHED = [
               model=GPT_30B, seq_len=2048, layout=_layout(dp=256, p=32, mbs=4, ac="full"),
               tokens_per_s_per_gpu=141e12 / GPT_30B.flops_per_token(2048)),
 ]
+
+# The built-in trainer (`torchrun --nproc_per_node 1 -m trainyard.engine.train`: FSDP2 with bf16 compute, fp32
+# master weights and reduction, fused AdamW) on `llama3.2-1b`, sequences of 2,048, one H100 80GB HBM3 (p5.4xlarge's
+# GPU), 2026-11-24 and -27, docs/benchmarks.md ("MFU on one GPU": medians of steps 4-12; "The planner against the
+# trainer on one GPU": bench/plan_check.py, the last of 4 steps, and --offload, the last of 3).
+LLAMA_1B = from_preset("llama3.2-1b")
+_ONE_H100 = "one H100 80GB HBM3, 2026-11-24"
+
+
+def _measured(name: str, source: str, *, mbs: int, ac: str = "none", mfu: float | None = None,
+              step_s: float | None = None, compiled: bool = False, offload: bool = False) -> Published:
+    tokens = mfu * 989.4e12 / LLAMA_1B.flops_per_token(2048) if mfu else mbs * 2048 / step_s
+    return Published(name=name, source=source, model=LLAMA_1B, instance_type="p5.4xlarge", instance_count=1,
+                     seq_len=2048, layout=_layout(dp=1, p=1, mbs=mbs, ac=ac, offload=offload),
+                     tokens_per_s_per_gpu=tokens, compiled=compiled)
+
+
+MEASURED = [
+    _measured("built-in trainer 1B, 1 H100, 2 x 2048, eager", f"bench/plan_check.py, {_ONE_H100}: 23.0% MFU", mbs=2,
+              mfu=0.230),
+    _measured("built-in trainer 1B, 1 H100, 4 x 2048, eager", f"bench/mfu.py, {_ONE_H100}: 30.4% MFU", mbs=4,
+              mfu=0.304),
+    _measured("built-in trainer 1B, 1 H100, 4 x 2048, selective AC, eager",
+              f"bench/plan_check.py, {_ONE_H100}: 27.1% MFU", mbs=4, ac="selective", mfu=0.271),
+    _measured("built-in trainer 1B, 1 H100, 8 x 2048, full AC, eager", f"bench/plan_check.py, {_ONE_H100}: 28.7% MFU",
+              mbs=8, ac="full", mfu=0.287),
+    _measured("built-in trainer 1B, 1 H100, 4 x 2048, compiled", f"bench/mfu.py, {_ONE_H100}: 39.5% MFU", mbs=4,
+              mfu=0.395, compiled=True),
+    _measured("built-in trainer 1B, 1 H100, 8 x 2048, compiled",
+              "bench/mfu.py, one H100 80GB HBM3, 2026-11-24 and -27: 46.0% and 46.4% MFU", mbs=8, mfu=0.462,
+              compiled=True),
+    _measured("built-in trainer 1B, 1 H100, 4 x 2048, CPU offload, eager",
+              f"bench/plan_check.py --offload, {_ONE_H100}: 1.74 s a step", mbs=4, step_s=1.74, offload=True),
+    _measured("built-in trainer 1B, 1 H100, 8 x 2048, full AC, CPU offload, eager",
+              f"bench/plan_check.py --offload, {_ONE_H100}: 1.95 s a step", mbs=8, ac="full", step_s=1.95,
+              offload=True),
+]
+RUNS = PUBLISHED + MEASURED

@@ -1,6 +1,6 @@
-"""What the planner knows of an instance type: per-GPU memory, bf16 peak, NVLink and EFA bandwidth (the
-catalog's `performance` section, from datasheets), the hourly price (`prices.json`), and the calibrated
-efficiency of each GPU kind (docs/plan.md lists the published runs it comes from).
+"""What the planner knows of an instance type: per-GPU memory and its bandwidth, bf16 peak, NVLink and EFA
+bandwidth (the catalog's `performance` section, from datasheets), the hourly price (`prices.json`), and the
+calibrated efficiency of each GPU kind (docs/plan.md lists the runs it comes from).
 
 Bandwidth a collective gets, per GPU and per direction:
 - inside a host: NVLink's bidirectional figure / 2, times BUS_EFFICIENCY;
@@ -26,9 +26,21 @@ BUS_EFFICIENCY = 0.8
 # caching allocator's fragmentation (about 4-6 GiB of an 80 GiB GPU in practice).
 USABLE_MEMORY_FRACTION = 0.92
 # Hardware FLOPs (recomputation included) per second as a fraction of the dense bf16 peak that the engine's
-# matrix multiplies reach, one constant per GPU kind, fitted to the published runs of docs/plan.md
-# ("Calibration") and checked by tests/job/test_plan_calibration.py.
+# matrix multiplies reach in eager mode, one constant per GPU kind, fitted with the two constants below to the
+# runs of docs/plan.md ("Calibration": published runs and the built-in trainer's on one H100) and checked by
+# tests/job/test_plan_calibration.py.
 EFFICIENCY = {"NVIDIA H100": 0.52, "NVIDIA H200": 0.52, "NVIDIA A100": 0.63}
+# With torch.compile (the built-in trainer's `compile`), the tokens' compute runs this much faster: inductor fuses
+# the element-wise work between the matrix multiplies. Fitted to torchtitan's compiled runs (6,667 and 6,514
+# tokens/s/GPU against 5,762 and 5,605 eager) and the built-in trainer's (docs/plan.md); measured on H100 only.
+COMPILED_SPEEDUP = 1.08
+# What a step costs besides its tokens' FLOPs and the communication: the optimizer step, the gradient clipping,
+# FSDP's copies into and out of its buffers and, eager, the small kernels' launches the GPU waits for. Counted as
+# this many bytes of GPU memory traffic per parameter the rank's optimizer updates (AdamW alone reads and writes
+# 28), eager and compiled: fitted, not counted, to the built-in trainer's runs on one H100 (a 1.5B model: 80 ms
+# and 36 ms a step), where it is a third of a 4 x 2,048-token step eager; on the published runs (1B parameters or
+# fewer per GPU, steps of seconds) it is 1-3%.
+STEP_BYTES_PER_PARAM = {False: 180, True: 80}
 # Attention (the 12 L H Q T FLOPs) runs at this fraction of the matrix multiplies' efficiency: fused attention
 # kernels reach about half the TFLOP/s of large GEMMs on A100/H100 (FlashAttention-2 paper, fwd+bwd).
 ATTENTION_RELATIVE_EFFICIENCY = 0.5
@@ -66,6 +78,8 @@ class Hardware:
     """Per GPU and direction, between the GPU and host memory (PCIe); None: no offload (CPU hosts)."""
     host_memory_bytes: int = 0
     """Host memory of one instance."""
+    memory_bytes_per_s: float | None = None
+    """One GPU's memory bandwidth (the datasheet's); None: no per-step overhead is planned (CPU hosts)."""
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -129,4 +143,4 @@ def hardware(instance_type: str, instance_count: int, *, region: str = "us-east-
         inter_bytes_per_s=efa / 8 * 1e9 / it.num_gpus * BUS_EFFICIENCY if efa else None,
         price_per_hour=price.per_hour if price else None,
         host_bytes_per_s=facts["pcie_gbytes_per_s"] / 2 * 1e9 * BUS_EFFICIENCY,
-        host_memory_bytes=it.memory_mib * 2 ** 20)
+        host_memory_bytes=it.memory_mib * 2 ** 20, memory_bytes_per_s=facts["hbm_gbytes_per_s"] * 1e9)

@@ -59,6 +59,7 @@ class PlannedLayout:
                 "host_memory_per_gpu_bytes": self.memory.host, "host_over_bytes": self.host_over_bytes,
                 "step_time_s": self.time.step_s, "compute_s": self.time.compute_s, "bubble_s": self.time.bubble_s,
                 "exposed_comm_s": self.time.exposed_comm_s, "offload_s": self.time.offload_s,
+                "overhead_s": self.time.overhead_s,
                 "comm_intra_bytes": self.time.comm_intra_bytes,
                 "comm_inter_bytes": self.time.comm_inter_bytes,
                 "usd_per_million_tokens": self.usd_per_million_tokens, "hours_to_train": self.hours_to_train,
@@ -74,6 +75,8 @@ class Plan:
     seq_len: int
     global_batch_size: int
     layouts: list[PlannedLayout]
+    compiled: bool = False
+    """Planned for blocks under torch.compile (the built-in trainer's `compile`)."""
 
     @property
     def best(self) -> PlannedLayout | None:
@@ -132,9 +135,9 @@ def layouts(shape: ModelShape, *, seq_len: int, global_batch_size: int, world: i
 
 
 def evaluate(shape: ModelShape, layout: Layout, *, seq_len: int, global_batch_size: int, hw: Hardware,
-             instance_count: int, train_tokens: float | None = None) -> PlannedLayout:
+             instance_count: int, train_tokens: float | None = None, compiled: bool = False) -> PlannedLayout:
     mem = memory_model.estimate(shape, layout, seq_len, fused_optimizer=hw.instance_type != LOCAL)
-    t = steptime.estimate(shape, layout, seq_len, global_batch_size, hw, instance_count)
+    t = steptime.estimate(shape, layout, seq_len, global_batch_size, hw, instance_count, compiled=compiled)
     tokens_per_s = global_batch_size * seq_len / t.step_s
     per_gpu = tokens_per_s / layout.world
     mfu = per_gpu * shape.flops_per_token(seq_len) / hw.peak_flops
@@ -170,10 +173,13 @@ def _check_positive(field: str, value: object) -> int:
 def plan(model: object, *, seq_len: int, global_batch_size: int, instance_type: str,
          instance_count: int | Sequence[int] = 1, precision: str = "bf16", train_tokens: float | None = None,
          region: str = "us-east-1", processes_per_host: int | None = None,
-         micro_batch_size: int | None = None) -> Plan:
+         micro_batch_size: int | None = None, compile: bool = False) -> Plan:
     """Every valid layout of `model` on `instance_count` hosts of `instance_type` (or on each of several counts),
-    best first (only those with `micro_batch_size` when given; `processes_per_host` for `local` hosts). Across
-    counts the ranking by tokens/s per GPU is the ranking by cost per token."""
+    best first (only those with `micro_batch_size` when given; `processes_per_host` for `local` hosts; `compile`:
+    the job runs under torch.compile, as the built-in trainer's `compile` does). Across counts the ranking by
+    tokens/s per GPU is the ranking by cost per token."""
+    if not isinstance(compile, bool):
+        raise ConfigError("compile", f"expected true or false, got {compile!r}")
     shape = resolve_model(model)
     _check_positive("seq_len", seq_len)
     _check_positive("global_batch_size", global_batch_size)
@@ -194,7 +200,7 @@ def plan(model: object, *, seq_len: int, global_batch_size: int, instance_type: 
                              gpus_per_host=hw.gpus_per_host, precision=precision,
                              offload=(False, True) if hw.host_bytes_per_s else (False,))
         planned += [evaluate(shape, lay, seq_len=seq_len, global_batch_size=global_batch_size, hw=hw, instance_count=n,
-                             train_tokens=train_tokens)
+                             train_tokens=train_tokens, compiled=compile)
                     for lay in candidates if micro_batch_size is None or lay.micro_batch_size == micro_batch_size]
     if not planned:
         worlds = sorted({hw.gpus_per_host * n for n in counts})
@@ -204,4 +210,4 @@ def plan(model: object, *, seq_len: int, global_batch_size: int, instance_type: 
                                                f"multiple of {worlds[0]}{' x the micro-batch size' if mbs else ''}")
     planned.sort(key=_rank)
     return Plan(model=shape, hardware=hw, instance_counts=tuple(counts), seq_len=seq_len,
-                global_batch_size=global_batch_size, layouts=planned)
+                global_batch_size=global_batch_size, layouts=planned, compiled=compile)

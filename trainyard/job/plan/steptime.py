@@ -3,8 +3,10 @@
 Compute: hardware FLOPs of the rank's tokens (model FLOPs 6 N + 12 L H Q T, plus the forward recomputed by
 activation checkpointing: 2 N_blocks + 4 L H Q T per token for full, half of it for selective; N the active
 parameters of a mixture of experts) at the GPU's calibrated efficiency (attention at ATTENTION_RELATIVE_EFFICIENCY
-of it, and the context-parallel ring's at RING_RELATIVE_EFFICIENCY of that in bf16), stretched by the pipeline
-bubble (pp - 1) / (v m).
+of it, and the context-parallel ring's at RING_RELATIVE_EFFICIENCY of that in bf16; COMPILED_SPEEDUP faster with
+torch.compile), stretched by the pipeline bubble (pp - 1) / (v m).
+Overhead, once per step: STEP_BYTES_PER_PARAM (eager or compiled) per parameter the rank's optimizer updates, at
+the GPU's memory bandwidth.
 
 Communication, bytes each rank sends per step (ring algorithm; REFERENCE.md, engine meter):
 - MiCS / FSDP2 over the partition group of p ranks, per micro-batch: all-gather of the stage's parameters in the
@@ -31,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainyard.job.plan.hardware import (ATTENTION_RELATIVE_EFFICIENCY, HOST_ADAM_PARAMS_PER_S,
-                                         RING_RELATIVE_EFFICIENCY, Hardware)
+from trainyard.job.plan.hardware import (ATTENTION_RELATIVE_EFFICIENCY, COMPILED_SPEEDUP, HOST_ADAM_PARAMS_PER_S,
+                                         RING_RELATIVE_EFFICIENCY, STEP_BYTES_PER_PARAM, Hardware)
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.memory import COMPUTE_BYTES
 from trainyard.parallel.shapes import ModelShape
@@ -52,10 +54,12 @@ class StepTime:
     """Communication the step waits for."""
     offload_s: float = 0.0
     """CPU offload: the host's optimizer step and the PCIe copies compute does not hide."""
+    overhead_s: float = 0.0
+    """Once per step: the optimizer, clipping, FSDP's copies and (eager) kernel launches (STEP_BYTES_PER_PARAM)."""
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.exposed_comm_s + self.offload_s
+        return self.compute_s + self.bubble_s + self.exposed_comm_s + self.offload_s + self.overhead_s
 
 
 def hardware_flops_per_token(shape: ModelShape, seq_len: int, ac: str) -> tuple[float, float]:
@@ -96,6 +100,14 @@ def _stage_params(shape: ModelShape, layout: Layout) -> float:
     matrices = shape.block_matrix_params - (shape.block_expert_params if whole else 0)
     return layers * (matrices / layout.tp + 2 * shape.dim) + \
         (shape.embedding_params + shape.head_params) / (layout.tp * layout.pp)
+
+
+def _updated_params(shape: ModelShape, layout: Layout) -> float:
+    """Parameters an average rank's optimizer updates: its shard of what MiCS shards (over p x cp ranks) and the
+    experts it holds whole."""
+    whole = shape.experts_held_whole(ep=layout.ep, tp=layout.tp)
+    experts = shape.n_layers // layout.pp * shape.block_expert_params / layout.ep if whole else 0.0
+    return _stage_params(shape, layout) / (layout.partition_group_size * layout.cp) + experts
 
 
 def _sharding_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardware, hosts: int) -> _Traffic:
@@ -161,10 +173,12 @@ def _waited_traffic(shape: ModelShape, layout: Layout, seq_len: int, hw: Hardwar
     return traffic
 
 
-def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int, hw: Hardware, hosts: int) -> StepTime:
+def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int, hw: Hardware, hosts: int, *,
+             compiled: bool = False) -> StepTime:
+    """`compiled`: the job runs its blocks under torch.compile (the built-in trainer's `compile`)."""
     dense, attention = hardware_flops_per_token(shape, seq_len, layout.activation_checkpointing)
     tokens_per_gpu = global_batch * seq_len / layout.world
-    rate = hw.efficiency * hw.peak_flops
+    rate = hw.efficiency * hw.peak_flops * (COMPILED_SPEEDUP if compiled else 1.0)
     attention_rate = rate * ATTENTION_RELATIVE_EFFICIENCY
     if layout.cp > 1 and layout.precision != "fp32":  # the ring's float32 blocks (hardware.py)
         attention_rate *= RING_RELATIVE_EFFICIENCY
@@ -180,6 +194,9 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int,
         shard = _stage_params(shape, layout) / (layout.partition_group_size * layout.cp)
         pcie = layout.microbatches * 2 * 4 * shard / (hw.host_bytes_per_s or hw.intra_bytes_per_s)  # in: 2 gathers
         offload = shard / HOST_ADAM_PARAMS_PER_S + max(pcie / units, pcie - compute)
+    overhead = 0.0
+    if hw.memory_bytes_per_s:
+        overhead = STEP_BYTES_PER_PARAM[compiled] * _updated_params(shape, layout) / hw.memory_bytes_per_s
     return StepTime(compute_s=compute, bubble_s=bubble, comm_intra_bytes=hidden.intra + waited.intra,
                     comm_inter_bytes=hidden.inter + waited.inter, overlapped_comm_s=hidden.seconds,
-                    exposed_comm_s=exposed, offload_s=offload)
+                    exposed_comm_s=exposed, offload_s=offload, overhead_s=overhead)

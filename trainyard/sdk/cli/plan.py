@@ -49,6 +49,8 @@ def add_parser(sub, command) -> None:
     pl.add_argument("--instance-count", type=_counts, default=(1,), metavar="N",
                     help="hosts (default 1), or several to compare: 4,8,16 or a range 2-8")
     pl.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="compute dtype (default bf16)")
+    pl.add_argument("--compile", action="store_true",
+                    help="the job runs under torch.compile (the built-in trainer's compile=true); default eager")
     pl.add_argument("--train-tokens", type=_positive(float), default=None, metavar="N",
                     help="also the hours and dollars to train this many tokens")
     pl.add_argument("--top", type=_positive(int), default=20, metavar="N", help="rows of the table (default 20; --json: all)")
@@ -109,7 +111,7 @@ def _row(i: int, p: PlannedLayout, several: bool) -> list[str]:
 def show_plan(a) -> int:
     result: Plan = plan(a.model, seq_len=a.seq_len, global_batch_size=a.global_batch_size,
                         instance_type=a.instance_type, instance_count=a.instance_count, precision=a.precision,
-                        train_tokens=a.train_tokens)
+                        train_tokens=a.train_tokens, compile=a.compile)
     if a.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -122,7 +124,8 @@ def show_plan(a) -> int:
                     f"{result.global_batch_size}; {'/'.join(map(str, counts))} x {hw.instance_type} "
                     f"({hw.gpus_per_host} x "
                     f"{hw.accelerator}, {human_size(hw.gpu_memory_bytes)} each, {human_size(hw.usable_memory_bytes)} "
-                    f"usable); {len(result.layouts)} layouts, {fitting} fit", flush=True)
+                    f"usable); {'compiled' if result.compiled else 'eager'}; {len(result.layouts)} layouts, "
+                    f"{fitting} fit", flush=True)
     headers = HEADERS[:1] + (["hosts"] if several else []) + HEADERS[1:] + \
         (["time to train", "$ to train"] if a.train_tokens else [])
     rows = [_row(i, p, several) for i, p in enumerate(result.layouts[:a.top], 1)]
