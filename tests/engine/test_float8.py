@@ -35,6 +35,15 @@ def test_float8_is_refused_on_cpu_before_the_model_is_touched(engine):
     assert "runs on cpu: set mixed_precision to 'bf16' (or 'fp16' on GPUs without bfloat16)" in msg
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.float64])
+def test_a_torch_dtype_that_is_no_compute_dtype_is_refused_naming_float8(engine, dtype):
+    import trainyard.engine as te
+
+    with pytest.raises(ValueError, match=r"a compute dtype is torch.bfloat16, torch.float16 or torch.float32; for "
+                                         r"FP8 training give 'float8'"):
+        te.transform(Untouchable(), mixed_precision=dtype)
+
+
 def test_float8_is_refused_below_sm89_and_without_torchao(engine, monkeypatch):
     import trainyard.engine as te
 

@@ -354,6 +354,7 @@ BAD_TRAINER = {
     "a relative checkpoint_uri": ({"checkpoint_uri": "ckpt"}, "relative path"),
     "checkpoint_every without a location": ({"checkpoint_every": 2}, "no checkpoint location"),
     "kernels=triton on a CPU": ({"kernels": "triton"}, "runs on GPUs"),
+    "dtype=float8 on a CPU": ({"dtype": "float8"}, "FP8 tensor cores"),
     "a dataset channel the job does not have": ({"dataset": "train"}, "names an input channel"),
 }
 

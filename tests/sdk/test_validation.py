@@ -239,11 +239,32 @@ def test_builtin_trainer_hyperparameters_checked_up_front(hps, text):
     ({"mixed_precision": "bf16"}, {"dtype": "float32"}, "contradicts distribution mixed_precision"),
     ({"gradient_accumulation_steps": 4}, {"global_batch_size": 8, "micro_batch_size": 2},
      "set micro_batch_size to 1"),
+    ({"mics": {"partition_group_size": 1, "replica_compression": "bf16"}}, {"dtype": "float16"},
+     "dtype float16 with mics.replica_compression 'bf16'"),
 ])
 def test_distribution_settings_checked_against_the_builtin_trainer(distribution, hps, text):
     msg = _refused("distribution", Estimator, entry_point="trainyard.engine.train", instance_type="local",
                    instance_count=1, processes_per_host=2, hyperparameters=hps, distribution=distribution)
     assert text in msg
+
+
+@pytest.mark.parametrize("instance_type,said", [
+    ("local", "local has no GPU"),
+    ("ml.c5.xlarge", "c5.xlarge has no GPU"),
+    ("ml.g4dn.xlarge", "g4dn.xlarge's NVIDIA T4 has compute capability 7.5"),
+    ("ml.p4d.24xlarge", "p4d.24xlarge's NVIDIA A100 has compute capability 8.0"),
+    ("ml.g6e.xlarge", None),  # L40S: 8.9
+    ("ml.p5.48xlarge", None),  # H100: 9.0
+])
+def test_dtype_float8_is_refused_where_the_gpus_have_no_fp8_before_the_job_starts(instance_type, said):
+    args = dict(entry_point="trainyard.engine.train", instance_type=instance_type, output_path="s3://my-bucket/out",
+                hyperparameters={"model": "tiny", "dtype": "float8", "global_batch_size": 16, "micro_batch_size": 2})
+    if said is None:
+        Estimator(**args)
+        return
+    msg = _refused("hyperparameters", Estimator, **args)
+    assert "dtype 'float8' needs" in msg and said in msg and "compute capability 8.9 or newer" in msg
+    assert "set dtype to 'bfloat16'" in msg and "ml.p5" in msg and "ml.g6e" in msg and "ml.p4d" not in msg
 
 
 def test_emulated_network_without_root_is_refused(src, monkeypatch):

@@ -265,8 +265,13 @@ def transform(model: nn.Module, *, distribution: dict | None = None, blocks=None
     par = ctx.parallelism if distribution is None else _parallelism(distribution)
     precision = mixed_precision if mixed_precision is not None else par.mixed_precision
     if isinstance(precision, torch.dtype):
+        if precision not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"mixed_precision {precision}: a compute dtype is torch.bfloat16, torch.float16 or "
+                             "torch.float32; for FP8 training give 'float8' (torchao's FP8 Linear layers, the rest "
+                             "bf16)")
         param_dtype = None if precision == torch.float32 else precision
-    elif precision is None or (isinstance(precision, str) and precision in _PRECISIONS):
+    elif precision is None or (isinstance(precision, str) and precision.lower() in _PRECISIONS):
+        precision = precision and precision.lower()
         param_dtype = _PRECISIONS[precision]
     else:
         raise ValueError(f"mixed_precision must be 'bf16', 'fp16', 'float8', 'fp32' or a torch dtype, got "

@@ -21,6 +21,7 @@ from trainyard.errors import did_you_mean
 KERNEL_MODES = ("off", "eager", "eager-chunked", "triton", "auto")  # what models/fused.py's MODES take
 
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float8")
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: NVIDIA Ada (8.9), Hopper (9.0) and later (models/float8.py)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -310,6 +311,10 @@ def reconcile_distribution(cfg: TrainConfig, par: Parallelism, world_size: int) 
         raise ValueError(f"task sft: pipeline_parallel_degree {par.pp} and context_parallel_degree {par.cp}: "
                          "fine-tuning runs its examples through the model's own forward with their positions; "
                          "set both to 1 and use MiCS and tensor parallelism")
+    if cfg.dtype == "float16" and par.replica_compression is not None:  # te.transform refuses it too
+        raise ValueError(f"dtype float16 with mics.replica_compression {par.replica_compression!r}: a step whose "
+                         "gradients overflow would leave inf in the compression's error-feedback residual and spoil "
+                         "every later step; set replica_compression to null, or use dtype bfloat16")
     if cfg.lora_r and cfg.lora_dropout and par.tp > 1:  # the engine refuses it too (models/hf/adapters.py)
         raise ValueError(f"lora_dropout {cfg.lora_dropout:g} with tensor_parallel_degree {par.tp}: each rank would "
                          "drop other elements of the input a column-wise layer's whole A sees, and A's copies would "

@@ -93,6 +93,26 @@ def lookup(instance_type: object) -> InstanceType:
     return InstanceType(name=name, **row)
 
 
+@cache
+def _capabilities() -> dict[str, str]:
+    text = resources.files("trainyard.job").joinpath("catalog/instance_types.json").read_text()
+    return json.loads(text)["performance"]["compute_capability"]
+
+
+def compute_capability(it: InstanceType) -> tuple[int, int] | None:
+    """The CUDA compute capability of `it`'s GPUs, (9, 0) for H100; None for no GPU, or one the catalog lacks
+    (`local_gpu`: the engine asks the GPU itself)."""
+    text = _capabilities().get(it.accelerator) if it.num_gpus else None
+    return tuple(int(x) for x in text.split(".")) if text else None
+
+
+def types_with_capability(minimum: tuple[int, int]) -> list[str]:
+    """The instance families (`p5`, `g6e`) whose GPUs have at least compute capability `minimum`."""
+    caps = {name: tuple(int(x) for x in text.split(".")) for name, text in _capabilities().items()}
+    return sorted({name.split(".")[0] for name, row in _catalog().items()
+                   if row["accelerator_kind"] == "gpu" and caps.get(row["accelerator"], (0, 0)) >= minimum})
+
+
 PRICES_FILE = "catalog/prices.json"
 
 

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from trainyard.container.contract import user_args
-from trainyard.engine.config import parse_hyperparameters, reconcile_distribution
+from trainyard.engine.config import FP8_MIN_CAPABILITY, parse_hyperparameters, reconcile_distribution
 from trainyard.job import catalog, lease, storage
 from trainyard.errors import ConfigError, UnknownArgumentError, known_keywords
 from trainyard.job.plan import Plan, auto as auto_plan, plan as plan_layouts
@@ -511,6 +511,8 @@ def _check_builtin_hyperparameters(spec: JobSpec) -> None:
                                              "kernels='auto' (Triton where it runs, else the eager ops), 'eager', or "
                                              "environment={'TRITON_INTERPRET': '1'} to run Triton's interpreter on "
                                              "the CPU (slow)")
+    if cfg.dtype == "float8":
+        _check_float8(spec.instance_type)
     if cfg.straggler_remove and spec.elastic is None:
         raise ConfigError("hyperparameters", "straggler_remove=true goes on without a straggler's host, which only an "
                                              "elastic job does: set elastic={'min_instance_count': N} (with "
@@ -520,6 +522,23 @@ def _check_builtin_hyperparameters(spec: JobSpec) -> None:
     if late:
         raise ConfigError("profiler", f"step(s) {late} come after the job's last step {cfg.steps} (hyperparameter "
                                       f"steps): nothing would be profiled; give steps from 1 to {cfg.steps}")
+
+
+def _check_float8(instance_type: str) -> None:
+    """dtype float8 runs on NVIDIA GPUs of compute capability 8.9 or newer (the engine checks the GPU again)."""
+    it = catalog.lookup(instance_type)
+    cap = catalog.compute_capability(it)
+    need = ".".join(map(str, FP8_MIN_CAPABILITY))
+    families = ", ".join(f"ml.{f}" for f in catalog.types_with_capability(FP8_MIN_CAPABILITY))
+    fix = (f"set dtype to 'bfloat16' (or 'float16' on GPUs without bfloat16), or run on an instance type with FP8 "
+           f"tensor cores ({families})")
+    if not it.num_gpus:
+        raise ConfigError("hyperparameters", f"dtype 'float8' needs NVIDIA GPUs with FP8 tensor cores (compute "
+                                             f"capability {need} or newer), and {instance_type} has no GPU: {fix}")
+    if cap is not None and cap < FP8_MIN_CAPABILITY:
+        raise ConfigError("hyperparameters", f"dtype 'float8' needs FP8 tensor cores (compute capability {need} or "
+                                             f"newer), and {instance_type}'s {it.accelerator} has compute capability "
+                                             f"{cap[0]}.{cap[1]}: {fix}")
 
 
 def _check_builtin_channels(spec: JobSpec) -> None:

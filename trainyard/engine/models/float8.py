@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+from trainyard.engine.config import FP8_MIN_CAPABILITY
+
+MIN_CAPABILITY = FP8_MIN_CAPABILITY  # the SDK refuses instance types below it before a job starts
 ALIGNMENT = 16  # the FP8 GEMM (torch._scaled_mm) wants both widths multiples of 16
 FP8_EXTRA = "pip install 'trainyard[fp8]'"
 
