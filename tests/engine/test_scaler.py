@@ -267,6 +267,27 @@ def test_builtin_trainer_float16_skips_overflowing_steps_and_learns(engine, tmp_
     assert "dtype float16" in out
 
 
+def test_builtin_trainer_float16_stops_a_diverged_run_instead_of_skipping_every_step(engine, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """lr 50 blows the weights up at the first step; every later step's loss is nan and is skipped. Once the
+    scale falls below 1 the trainer fails naming the divergence and the fixes (before, the job skipped every
+    step to the end and reported success)."""
+    from trainyard.engine.config import TrainConfig
+    from trainyard.engine.trainer import MIN_LOSS_SCALE, Trainer
+
+    monkeypatch.setenv("SM_OUTPUT_DATA_DIR", str(tmp_path))
+    trainer = Trainer(TrainConfig(model="tiny", dtype="float16", steps=40, seq_len=32, global_batch_size=8,
+                                  micro_batch_size=2, warmup_steps=1, lr=50.0, save_model=False))
+    trainer.scaler.load_state_dict({"scale": torch.tensor(8.0), "growth_tracker": torch.tensor(0),
+                                    "skipped_steps": torch.tensor(0)})
+    with pytest.raises(RuntimeError, match=r"dtype float16: the loss scale fell below 1 at step \d+ .*the run "
+                                           r"diverged; lower lr .*or use dtype bfloat16 or float32"):
+        trainer.run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] < 40 and rows[-1]["skipped"] and rows[-1]["loss_scale"] == MIN_LOSS_SCALE  # its row too
+    assert "the loss itself is not finite" in capsys.readouterr().out
+
+
 # --- two processes: the inf on one rank's shard only ------------------------------------------------------------
 
 @pytest.mark.slow

@@ -70,6 +70,9 @@ def _number(x: float) -> str:
 
 # what a Hugging Face model folder holds besides its weights and config.json that a user loads it with: the
 # tokenizer (any of its forms), its chat template and the generation defaults; the export carries them along
+# float16: a loss scale below this means even unscaled gradients overflow: the run diverged, and the loop stops
+# (as DeepSpeed's fp16 optimizer does at its minimum scale) rather than skip every step to a "Completed" job
+MIN_LOSS_SCALE = 1.0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
                    "chat_template.json", "generation_config.json")
@@ -350,10 +353,18 @@ class Trainer:
                     self.log(f"WARNING: straggler: {s}")
                 tokens_per_s = record.get("example_tokens", tokens_per_step) / elapsed
                 tflops = self.flops_per_token * tokens_per_s / self.ctx.world_size / 1e12
+                diverged = None
                 if record.get("skipped"):  # always said: the step changed nothing but the loss scale
+                    lost = "" if math.isfinite(record["loss"]) else "; the loss itself is not finite"
                     self.log(f"step {step}/{cfg.steps} skipped: inf/nan gradients at loss scale "
                              f"{_number(record['loss_scale'])}, now {_number(self.scaler.get_scale())} (loss "
-                             f"{record['loss']:.4f})")
+                             f"{record['loss']:.4f}{lost})")
+                    if self.scaler.get_scale() < MIN_LOSS_SCALE:  # the same on every rank: raised after the row
+                        diverged = RuntimeError(
+                            f"dtype float16: the loss scale fell below {MIN_LOSS_SCALE:g} at step {step} "
+                            f"({self.scaler.skipped_steps} step(s) skipped in all, loss {record['loss']:.4f}{lost}): "
+                            "the gradients overflow unscaled, so the run diverged; lower lr (or raise warmup_steps), "
+                            "or use dtype bfloat16 or float32")
                 elif step % cfg.log_every == 0 or step == cfg.steps:
                     scale = f" scale {_number(record['loss_scale'])}" if "loss_scale" in record else ""
                     if "expert_imbalance" in record:  # the busiest expert's load over the mean
@@ -403,6 +414,8 @@ class Trainer:
                         row["kernels"] = self.layout.kernels
                     first = False
                 api.log_metrics(step, row)  # every rank: rank 0 writes it; a profiled run may end here
+                if diverged is not None:
+                    raise diverged
                 if cfg.straggler_remove and saving and self.saved_step == step and self.stragglers:
                     self.remove_stragglers(step)
                 if termination.requested(self.ctx.device):
