@@ -68,11 +68,11 @@ def _number(x: float) -> str:
     return f"{x:.0f}" if x >= 1 and float(x).is_integer() else f"{x:g}"
 
 
-# what a Hugging Face model folder holds besides its weights and config.json that a user loads it with: the
-# tokenizer (any of its forms), its chat template and the generation defaults; the export carries them along
 # float16: a loss scale below this means even unscaled gradients overflow: the run diverged, and the loop stops
 # (as DeepSpeed's fp16 optimizer does at its minimum scale) rather than skip every step to a "Completed" job
 MIN_LOSS_SCALE = 1.0
+# what a Hugging Face model folder holds besides its weights and config.json that a user loads it with: the
+# tokenizer (any of its forms), its chat template and the generation defaults; the export carries them along
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja",
                    "chat_template.json", "generation_config.json")

@@ -39,7 +39,7 @@ COMPILED_SPEEDUP = 1.08
 # this many bytes of GPU memory traffic per parameter the rank's optimizer updates (AdamW alone reads and writes
 # 28), eager and compiled: fitted, not counted, to the built-in trainer's runs on one H100 (a 1.5B model: 80 ms
 # and 36 ms a step), where it is a third of a 4 x 2,048-token step eager; on the published runs (1B parameters or
-# fewer per GPU, steps of seconds) it is 1-3%.
+# fewer per GPU, steps of seconds) it is at most 4%.
 STEP_BYTES_PER_PARAM = {False: 180, True: 80}
 # Attention (the 12 L H Q T FLOPs) runs at this fraction of the matrix multiplies' efficiency: fused attention
 # kernels reach about half the TFLOP/s of large GEMMs on A100/H100 (FlashAttention-2 paper, fwd+bwd).
