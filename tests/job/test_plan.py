@@ -207,6 +207,30 @@ def test_compile_runs_the_tokens_faster_and_the_per_step_overhead_is_the_rank_s_
     assert e.value.field == "compile"
 
 
+def test_less_compute_never_plans_a_slower_step_and_fp32_runs_at_the_fp32_rate():
+    """MiCS's traffic and the offload's PCIe copies hide behind the same compute: counted once, so compile or no
+    recomputation can only make a step faster (counted twice, an offloaded layout planned compiled 4.7% slower
+    than eager, and selective checkpointing faster than none)."""
+    shape, hw = from_preset("llama3.2-1b"), hardware("p5.48xlarge", 1)
+    base = _layout(dp=2, partition_group_size=2, cp=4, microbatches=32, cpu_offload=True)
+    speed = {(ac, c): evaluate(shape, dataclasses.replace(base, activation_checkpointing=ac), seq_len=4096,
+                               global_batch_size=64, hw=hw, instance_count=1, compiled=c).tokens_per_s_per_gpu
+             for ac in ("none", "selective", "full") for c in (False, True)}
+    for ac in ("none", "selective", "full"):
+        assert speed[ac, True] > speed[ac, False]
+    for c in (False, True):
+        assert speed["none", c] > speed["selective", c] > speed["full", c]
+    # the engine leaves TF32 off: an fp32 layout's matrix multiplies run at the fp32 datasheet rate
+    lay = _layout(dp=1, partition_group_size=1)
+    one = hardware("p4de.24xlarge", 1)
+    bf16, fp32 = (evaluate(shape, dataclasses.replace(lay, precision=p), seq_len=2048, global_batch_size=1, hw=one,
+                           instance_count=1) for p in ("bf16", "fp32"))
+    assert fp32.time.compute_s == pytest.approx(bf16.time.compute_s * 312 / 19.5)
+    # local speeds are nominal: compile does not push them past the nominal peak
+    local = plan("10m", seq_len=64, global_batch_size=8, instance_type="local", instance_count=2, compile=True)
+    assert all(p.mfu <= 1 for p in local.layouts)
+
+
 def test_several_counts_are_ranked_together_by_cost_per_token():
     result = plan("llama3-8b", seq_len=4096, global_batch_size=64, instance_type="p4d.24xlarge",
                   instance_count=[1, 2, 4])

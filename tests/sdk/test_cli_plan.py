@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from trainyard.sdk.cli import main
 
@@ -86,3 +87,13 @@ def test_compile_plans_the_job_under_torch_compile(capsys):
         assert main([*ARGS, "--json", *extra]) == 0
         speeds[bool(extra)] = json.loads(capsys.readouterr().out)["layouts"][0]["tokens_per_s_per_gpu"]
     assert speeds[True] > speeds[False]
+
+
+def test_a_reader_that_leaves_early_gets_no_error():
+    import shutil
+    import subprocess
+
+    exe = shutil.which("trainyard") or os.path.join(os.path.dirname(sys.executable), "trainyard")
+    out = subprocess.run(f"'{exe}' {' '.join(ARGS)} --json | head -c 10", shell=True, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout == '{"layouts"' and out.stderr == ""

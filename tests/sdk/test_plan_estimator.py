@@ -36,6 +36,11 @@ def test_the_plan_is_compiled_when_the_job_is(tmp_path):
                      processes_per_host=2, distribution={"auto": {"model": "10m", "seq_len": 64,
                                                                   "global_batch_size": 8, "compile": True}})
     assert mine._spec.plan["compile"] is True and not mine.plan(compile=False).compiled
+    assert mine._spec.plan["summary"].endswith("predicted (compiled)")
+    with pytest.raises(ConfigError, match=r"auto: compile must be true or false \(a bool\), got 'true'") as e:
+        Estimator(entry_point="train.py", source_dir=str(tmp_path), instance_type="local", instance_count=1,
+                  distribution={"auto": {"model": "10m", "seq_len": 64, "global_batch_size": 8, "compile": "true"}})
+    assert e.value.field == "distribution"
 
 
 def test_auto_keeps_a_micro_batch_size_the_user_gave():

@@ -170,6 +170,8 @@ def auto_options(distribution: object) -> dict | None:
     bad = [k for k in opts if k not in AUTO_KEYS]
     if bad:
         raise ConfigError("distribution", f"auto: unknown key(s) {bad}; known: {list(AUTO_KEYS)}")
+    if not isinstance(opts.get("compile", False), bool):
+        raise ConfigError("distribution", f"auto: compile must be true or false (a bool), got {opts['compile']!r}")
     return dict(opts)
 
 

@@ -481,7 +481,7 @@ def _auto_distribution(entry: str, kind: str, hyperparameters: dict | None, opts
                                       compile=inputs["compile"])
     if kind == "module" and entry == BUILTIN_TRAINER:
         hyperparameters = {**(hyperparameters or {}), "micro_batch_size": chosen.layout.micro_batch_size}
-    record = {**auto_plan.record(chosen, result), "summary": auto_plan.summary(chosen)}
+    record = {**auto_plan.record(chosen, result), "summary": auto_plan.summary(chosen, result.compiled)}
     return chosen.layout.distribution(), hyperparameters, record
 
 

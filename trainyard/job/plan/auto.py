@@ -31,7 +31,7 @@ def record(chosen: PlannedLayout, result: Plan) -> dict:
             "seq_len": result.seq_len, "global_batch_size": result.global_batch_size, "compile": result.compiled}
 
 
-def summary(chosen: PlannedLayout) -> str:
+def summary(chosen: PlannedLayout, compiled: bool = False) -> str:
     """One line for the console before launch."""
     lay = chosen.layout
     pipe = f", pp {lay.pp} {lay.pipeline_schedule}" if lay.pp > 1 else ""
@@ -40,4 +40,4 @@ def summary(chosen: PlannedLayout) -> str:
     return (f"distribution 'auto': dp {lay.dp} (partition groups of {lay.partition_group_size}), tp {lay.tp}{pipe}, "
             f"micro-batch {lay.micro_batch_size} x {lay.microbatches}, activation checkpointing "
             f"{lay.activation_checkpointing}, {lay.precision}: {chosen.memory.total / 2 ** 30:.2f} GiB per rank, "
-            f"{chosen.tokens_per_s_per_gpu:,.0f} tokens/s per rank predicted")
+            f"{chosen.tokens_per_s_per_gpu:,.0f} tokens/s per rank predicted{' (compiled)' if compiled else ''}")

@@ -44,10 +44,6 @@ STEP_BYTES_PER_PARAM = {False: 180, True: 80}
 # Attention (the 12 L H Q T FLOPs) runs at this fraction of the matrix multiplies' efficiency: fused attention
 # kernels reach about half the TFLOP/s of large GEMMs on A100/H100 (FlashAttention-2 paper, fwd+bwd).
 ATTENTION_RELATIVE_EFFICIENCY = 0.5
-# Context parallelism's ring computes its attention blocks as float32 matmuls (engine/distributed/context.py, no
-# fused kernel), which tensor cores run as TF32 at half the bf16 peak (A100 156 / 312, H100 494.7 / 989.4
-# TFLOP/s): its attention at this fraction of a bf16 layout's.
-RING_RELATIVE_EFFICIENCY = 0.5
 # CPU offload: parameters a GPU's rank updates per second with PyTorch's fused AdamW on the host: 0.6-1.1e9 per
 # thread measured on a 2-core CPU machine (64M fp32 parameters, torch 2.13); on a 16-core H100 host the offloaded
 # steps of bench/plan_check.py --offload came within 4% of the plan with this figure (docs/plan.md). 1e9 per GPU
@@ -67,6 +63,8 @@ class Hardware:
     gpu_memory_bytes: int
     peak_flops: float
     """Dense bf16 FLOP/s of one GPU."""
+    fp32_flops: float
+    """Its IEEE float32 FLOP/s (the engine leaves TF32 off): fp32 layouts' and the context-parallel ring's."""
     efficiency: float
     intra_bytes_per_s: float
     """Per GPU and direction, inside a host (what a ring collective gets)."""
@@ -113,7 +111,8 @@ def bf16_peak_tflops(instance_type: str) -> float | None:
 def _local(processes_per_host: int) -> Hardware:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Hardware(instance_type=catalog.LOCAL, accelerator="CPU (nominal speed)", gpus_per_host=processes_per_host,
-                    gpu_memory_bytes=memory // processes_per_host, peak_flops=LOCAL_FLOPS, efficiency=1.0,
+                    gpu_memory_bytes=memory // processes_per_host, peak_flops=LOCAL_FLOPS, fp32_flops=LOCAL_FLOPS,
+                    efficiency=1.0,
                     intra_bytes_per_s=LOCAL_BYTES_PER_S, inter_bytes_per_s=LOCAL_BYTES_PER_S, price_per_hour=None)
 
 
@@ -138,6 +137,7 @@ def hardware(instance_type: str, instance_count: int, *, region: str = "us-east-
     return Hardware(
         instance_type=it.name, accelerator=it.accelerator, gpus_per_host=it.num_gpus,
         gpu_memory_bytes=it.accelerator_memory_mib * 2 ** 20, peak_flops=facts["bf16_dense_tflops"] * 1e12,
+        fp32_flops=facts["fp32_tflops"] * 1e12,
         efficiency=EFFICIENCY[it.accelerator],
         intra_bytes_per_s=facts["nvlink_gbytes_per_s"] / 2 * 1e9 * BUS_EFFICIENCY,
         inter_bytes_per_s=efa / 8 * 1e9 / it.num_gpus * BUS_EFFICIENCY if efa else None,

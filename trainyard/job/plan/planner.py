@@ -179,7 +179,8 @@ def plan(model: object, *, seq_len: int, global_batch_size: int, instance_type: 
     the job runs under torch.compile, as the built-in trainer's `compile` does). Across counts the ranking by
     tokens/s per GPU is the ranking by cost per token."""
     if not isinstance(compile, bool):
-        raise ConfigError("compile", f"expected true or false, got {compile!r}")
+        raise ConfigError("compile", f"expected a bool (True or False), got the {type(compile).__name__} "
+                                     f"{compile!r}")
     shape = resolve_model(model)
     _check_positive("seq_len", seq_len)
     _check_positive("global_batch_size", global_batch_size)

@@ -3,8 +3,9 @@
 Compute: hardware FLOPs of the rank's tokens (model FLOPs 6 N + 12 L H Q T, plus the forward recomputed by
 activation checkpointing: 2 N_blocks + 4 L H Q T per token for full, half of it for selective; N the active
 parameters of a mixture of experts) at the GPU's calibrated efficiency (attention at ATTENTION_RELATIVE_EFFICIENCY
-of it, and the context-parallel ring's at RING_RELATIVE_EFFICIENCY of that in bf16; COMPILED_SPEEDUP faster with
-torch.compile), stretched by the pipeline bubble (pp - 1) / (v m).
+of it; the context-parallel ring's float32 blocks, and every matrix multiply of an fp32 layout, at the GPU's fp32
+rate: the engine leaves TF32 off; COMPILED_SPEEDUP faster with torch.compile), stretched by the pipeline bubble
+(pp - 1) / (v m).
 Overhead, once per step: STEP_BYTES_PER_PARAM (eager or compiled) per parameter the rank's optimizer updates, at
 the GPU's memory bandwidth.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainyard.job.plan.hardware import (ATTENTION_RELATIVE_EFFICIENCY, COMPILED_SPEEDUP, HOST_ADAM_PARAMS_PER_S,
-                                         RING_RELATIVE_EFFICIENCY, STEP_BYTES_PER_PARAM, Hardware)
+                                         STEP_BYTES_PER_PARAM, Hardware)
 from trainyard.job.plan.layout import Layout
 from trainyard.job.plan.memory import COMPUTE_BYTES
 from trainyard.parallel.shapes import ModelShape
@@ -178,22 +179,32 @@ def estimate(shape: ModelShape, layout: Layout, seq_len: int, global_batch: int,
     """`compiled`: the job runs its blocks under torch.compile (the built-in trainer's `compile`)."""
     dense, attention = hardware_flops_per_token(shape, seq_len, layout.activation_checkpointing)
     tokens_per_gpu = global_batch * seq_len / layout.world
-    rate = hw.efficiency * hw.peak_flops * (COMPILED_SPEEDUP if compiled else 1.0)
+    # the engine leaves TF32 off: fp32 matrix multiplies run at the GPU's fp32 rate; compiled runs faster on GPUs
+    # (a local host's speeds are nominal)
+    peak = hw.fp32_flops if layout.precision == "fp32" else hw.peak_flops
+    rate = hw.efficiency * peak * (COMPILED_SPEEDUP if compiled and hw.memory_bytes_per_s else 1.0)
     attention_rate = rate * ATTENTION_RELATIVE_EFFICIENCY
-    if layout.cp > 1 and layout.precision != "fp32":  # the ring's float32 blocks (hardware.py)
-        attention_rate *= RING_RELATIVE_EFFICIENCY
+    if layout.cp > 1 and layout.precision != "fp32":  # the ring's blocks are float32 matmuls
+        attention_rate *= hw.fp32_flops / hw.peak_flops
     compute = tokens_per_gpu * (dense / rate + attention / attention_rate)
     bubble = compute * (layout.pp - 1) / (layout.virtual_stages * layout.microbatches) if layout.pp > 1 else 0.0
     hidden = _sharding_traffic(shape, layout, seq_len, hw, hosts)
     waited = _waited_traffic(shape, layout, seq_len, hw, hosts)
-    # what overlap cannot hide: one block's gather and reduction at each end, and anything longer than compute
     units = max(1, (shape.n_layers // layout.pp) * layout.microbatches)
-    exposed = waited.seconds + max(hidden.seconds / units, hidden.seconds - compute)
-    offload = 0.0
+    pcie = host_adam = 0.0
     if layout.cpu_offload:
         shard = _stage_params(shape, layout) / (layout.partition_group_size * layout.cp)
         pcie = layout.microbatches * 2 * 4 * shard / (hw.host_bytes_per_s or hw.intra_bytes_per_s)  # in: 2 gathers
-        offload = shard / HOST_ADAM_PARAMS_PER_S + max(pcie / units, pcie - compute)
+        host_adam = shard / HOST_ADAM_PARAMS_PER_S
+    # MiCS's traffic and the offload's PCIe copies run behind compute, on their own links, pipelined block by
+    # block: what shows is one block's worth of each, or the longer of the two (plus one block of the other)
+    # beyond compute. (Each hidden behind the same compute separately would count that compute twice: less
+    # compute, as under torch.compile or without recomputation, would then plan a slower step.)
+    h = hidden.seconds
+    behind = max((h + pcie) / units, max(h, pcie) + min(h, pcie) / units - compute)
+    share = h / (h + pcie) if h + pcie else 0.0
+    exposed = waited.seconds + behind * share
+    offload = host_adam + behind * (1 - share)
     overhead = 0.0
     if hw.memory_bytes_per_s:
         overhead = STEP_BYTES_PER_PARAM[compiled] * _updated_params(shape, layout) / hw.memory_bytes_per_s

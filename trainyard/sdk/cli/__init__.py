@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"trainyard: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `trainyard plan ... | head`: the reader left; nothing to say, nowhere to say it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 1
     except OSError as e:  # a job folder that cannot be read, a file that cannot be written
         print(f"trainyard: {e}", file=sys.stderr)
         return 1
