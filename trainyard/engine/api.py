@@ -642,6 +642,8 @@ def load_pretrained(model: nn.Module, path_or_uri: str, *, strict: bool = True) 
         stages: list = [None] * par.dims.pp
         dist.all_gather_object(stages, sorted(mine), group=par.dims.mesh.get_group("pp"))
         elsewhere = frozenset(n for names in stages for n in names) - mine
-    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict, elsewhere=elsewhere, targets=targets)
+    config = getattr(adapters.inner_model(root) if adapters.is_peft(root) else root, "config", None)
+    report = hf_weights.load_pretrained_into(model, path_or_uri, strict=strict, elsewhere=elsewhere, targets=targets,
+                                             model_type=getattr(config, "model_type", None))
     dist.barrier()
     return report

@@ -229,12 +229,22 @@ def _remove_stale(fs, root: str, keep: set[str]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    """One tensor in a safetensors file: absolute byte range [start, end) of its data."""
+    """One tensor in a safetensors file: absolute byte range [start, end) of its data. Or, with `parts`, a tensor
+    the files hold in pieces (a mixture of experts' experts one by one, `_convert`): row i of dim 0 is the
+    concatenation of parts[i]'s tensors, each whole bytes of a file (then path is the first part's, start/end 0)."""
     path: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     start: int
     end: int
+    parts: tuple[tuple["_Entry", ...], ...] | None = None
+
+    def row_ranges(self, a: int, b: int) -> list[tuple[str, int, int]]:
+        """The (file, start, end) byte ranges holding rows [a, b) of dim 0, in order."""
+        if self.parts is not None:
+            return [(p.path, p.start, p.end) for row in self.parts[a:b] for p in row]
+        row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        return [(self.path, self.start + a * row_bytes, self.start + b * row_bytes)]
 
 
 @dataclass(slots=True)
@@ -244,16 +254,17 @@ class _Read:
     target: torch.Tensor  # the local tensor to copy into
     entry: _Entry
     rows: int  # rows of dim 0 fetched (1 for a 0-d tensor)
-    ranges: list[tuple[int, int]]
+    ranges: list[tuple[str, int, int]]  # (file, start, end)
     selects: list[tuple[int, torch.Tensor]]  # (dim, indices) for the sharded dims other than 0
 
     @property
     def nbytes(self) -> int:
-        return sum(end - start for start, end in self.ranges)
+        return sum(end - start for _, start, end in self.ranges)
 
 
 def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
-                         elsewhere: frozenset[str] = frozenset(), targets: dict | None = None) -> dict:
+                         elsewhere: frozenset[str] = frozenset(), targets: dict | None = None,
+                         model_type: str | None = None) -> dict:
     """Copy safetensors weights at `source` (a directory or `s3://` prefix holding model.safetensors or
     model.safetensors.index.json and its files, or one `.safetensors` file) into `model`'s parameters and
     persistent buffers, plain tensors or DTensors (FSDP2 / TP: Shard, _StridedShard, Replicate), in place.
@@ -263,15 +274,17 @@ def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
     `strict=False` (then a warning; the names both have are loaded); a name the file lacks is fine when
     the model ties it to one the file has; a name in `elsewhere` (held by another pipeline stage) is not
     unexpected. `targets`: the tensors to fill by the files' names (default: the model's, by its state-dict
-    names). Returns {"tensors": copied, "bytes_read": bytes this rank
+    names). `model_type`: a Hugging Face config's; files that name its tensors as published checkpoints do
+    (a mixture of experts' experts one by one) are read into the model's packed tensors (`_convert`). Returns {"tensors": copied, "bytes_read": bytes this rank
     fetched (headers included), "files": file names, "missing": [...], "unexpected": [...]}.
     """
     _check_uri(source)
     fs, root = filesystem(source)
     files = _weight_files(fs, root, source)
     entries, bytes_read = _read_headers(fs, files)
-    plan, missing, unexpected = _match_names(model_tensors(model) if targets is None else targets, entries, source,
-                                             strict, elsewhere)
+    targets = model_tensors(model) if targets is None else targets
+    entries = _convert(entries, targets, model_type)
+    plan, missing, unexpected = _match_names(targets, entries, source, strict, elsewhere)
     _check_targets(plan, entries, source)
     with torch.no_grad():
         reads = [_plan_read(name, tensor, entries[name]) for name, tensor in plan]
@@ -330,6 +343,86 @@ def _read_header(fs, path: str) -> tuple[dict[str, _Entry], int]:
             raise ValueError(f"{path}: tensor {name!r} of shape {shape} {info['dtype']} spans {end - begin} bytes")
         entries[name] = _Entry(path, dtype, shape, base + begin, base + end)
     return entries, 8 + length
+
+
+def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model_type: str | None
+             ) -> dict[str, _Entry]:
+    """`entries` as the model names them, where the files follow the names of published checkpoints that
+    transformers itself converts when it loads (`transformers.conversion_mapping`, by `model_type`): a module
+    renamed (Mixtral's `block_sparse_moe` is `mlp`), and a mixture of experts' experts one by one
+    (`experts.3.w1.weight`, `experts.3.w3.weight`) where the model holds them packed (`experts.gate_up_proj`, row e
+    the concatenation of expert e's gate and up matrices). Only those two kinds of rule are read (a rename of a
+    plain string; stacking experts, `MergeModulelist(dim=0)`, then concatenating the sources, `Concatenate(dim=1)`);
+    any other leaves the names as they are, and a mismatch is then refused by name. Names the model already has
+    are kept."""
+    rules = _conversion_rules(model_type) if model_type and any(n not in targets for n in entries) else None
+    if not rules:
+        return entries
+    renames, stacks = rules
+    out: dict[str, _Entry] = {}
+    pieces: dict[str, dict[int, dict[int, _Entry]]] = {}  # target name -> source index -> expert -> entry
+    named: dict[str, dict[str, _Entry]] = {}  # target name -> the files' names of its pieces
+    for name, entry in entries.items():
+        if name in targets:
+            out[name] = entry
+            continue
+        renamed = name
+        for old, new in renames:
+            renamed = renamed.replace(old, new)
+        for pattern, target, k in stacks:
+            m = pattern.search(renamed)
+            if m and renamed[:m.start()] + target in targets:
+                pieces.setdefault(renamed[:m.start()] + target, {}).setdefault(k, {})[int(m.group(1))] = entry
+                named.setdefault(renamed[:m.start()] + target, {})[name] = entry
+                break
+        else:
+            out[renamed] = entry
+    for target, by_source in pieces.items():
+        sources = [by_source.get(k, {}) for k in range(max(by_source) + 1)]
+        experts = len(sources[0])
+        rows = tuple(tuple(src.get(e) for src in sources) for e in range(experts))
+        first = rows[0][0] if rows and rows[0] and rows[0][0] is not None else None
+        whole = first is not None and all(len(src) == experts for src in sources) and all(
+            p is not None and p.dtype == first.dtype and p.shape[1:] == first.shape[1:] and
+            p.shape[0] == src_first.shape[0] for row in rows for p, src_first in zip(row, rows[0]))
+        if not whole:  # an expert or a matrix missing, or pieces that do not stack: left to be refused by name
+            out.update(named[target])
+            continue
+        shape = (experts, sum(p.shape[0] for p in rows[0]), *first.shape[1:])
+        out[target] = _Entry(first.path, first.dtype, shape, 0, 0, parts=rows)
+    return out
+
+
+def _conversion_rules(model_type: str) -> tuple[list[tuple[str, str]], list[tuple[re.Pattern, str, int]]] | None:
+    """(plain renames, [(pattern of a source with the expert index as group 1, the target's suffix, the source's
+    index)]) from transformers' conversion mapping for `model_type`; None when it has none, or a rule of another
+    kind (then nothing is converted)."""
+    try:
+        from transformers.conversion_mapping import (Concatenate, MergeModulelist, WeightConverter, WeightRenaming,
+                                                     get_checkpoint_conversion_mapping)
+    except ImportError:
+        return None
+    mapping = get_checkpoint_conversion_mapping(model_type)
+    if not mapping:
+        return None
+    renames, stacks = [], []
+    plain = re.compile(r"^[\w.]+$")
+    for rule in mapping:
+        sources, targets = list(rule.source_patterns), list(rule.target_patterns)
+        if type(rule) is WeightRenaming and len(sources) == len(targets) == 1 and \
+                plain.match(sources[0]) and plain.match(targets[0]):
+            renames.append((sources[0], targets[0]))
+            continue
+        ops = [(type(op), getattr(op, "dim", None)) for op in getattr(rule, "operations", ())]
+        stacked = ops == [(MergeModulelist, 0)] and len(sources) == 1 or \
+            ops == [(MergeModulelist, 0), (Concatenate, 1)] and len(sources) > 1
+        if not (type(rule) is WeightConverter and len(targets) == 1 and plain.match(targets[0]) and stacked and
+                all(src.count("*") == 1 and plain.match(src.replace("*", "0")) for src in sources)):
+            return None
+        for k, src in enumerate(sources):
+            before, after = src.split("*")
+            stacks.append((re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + "$"), targets[0], k))
+    return renames, stacks
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -431,11 +524,10 @@ def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
 
 def _plan_read(name: str, tensor: torch.Tensor, entry: _Entry) -> _Read:
     if not entry.shape:  # 0-d: one element
-        return _Read(name, _local(tensor), entry, 1, [(entry.start, entry.end)], [])
+        return _Read(name, _local(tensor), entry, 1, [(entry.path, entry.start, entry.end)], [])
     rows = local_indices(tensor, 0)
     runs = [(0, entry.shape[0])] if rows is None else _runs(rows)
-    row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
-    ranges = [(entry.start + a * row_bytes, entry.start + b * row_bytes) for a, b in runs if b > a]
+    ranges = [r for a, b in runs if b > a for r in entry.row_ranges(a, b)]
     selects = [(d, idx) for d in range(1, len(entry.shape)) if (idx := local_indices(tensor, d)) is not None]
     return _Read(name, _local(tensor), entry, sum(b - a for a, b in runs), ranges, selects)
 
@@ -457,7 +549,7 @@ def _batches(reads: list[_Read]) -> list[list[_Read]]:
 
 def _fetch_and_copy(fs, batch: list[_Read]) -> int:
     """Fetches every range of the batch (concurrently on S3) and copies each tensor in; the bytes fetched."""
-    spans = [(read.entry.path, a, b) for read in batch for a, b in read.ranges]
+    spans = [span for read in batch for span in read.ranges]
     chunks = fs.cat_ranges([p for p, _, _ in spans], [a for _, a, _ in spans], [b for _, _, b in spans],
                            on_error="raise") if spans else []
     for (path, a, b), chunk in zip(spans, chunks):
