@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from trainyard.engine.models.hf.weights import (INDEX_FILE, SINGLE_FILE, WeightNamesError, load_pretrained_into,
                                                 write_pretrained)
@@ -150,18 +150,31 @@ def test_s3_write_and_load(s3_bucket):
     assert data < report["bytes_read"] < data + 4 * 4096  # every byte once, plus four small headers
 
 
+MIXTRAL = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sharded_models_read_only_their_rows(tmp_path, s3_bucket):
     """4 ranks: FSDP2 (dp 2) over TP (tp 2), which gives _StridedShard(0) on the colwise weights, from a
-    local directory; FSDP2 over 4 with tied embeddings from S3. Uneven sizes: vocab 130, 134 = 2 x 67 MLP rows."""
+    local directory; FSDP2 over 4 with tied embeddings from S3. Uneven sizes: vocab 130, 134 = 2 x 67 MLP rows.
+    And a Mixtral folder with its experts one by one into packed experts sharded one expert per rank."""
     config = {**CONFIG, "vocab_size": 130, "intermediate_size": 134}
     local, s3 = str(tmp_path / "w"), f"s3://{s3_bucket}/w"
     save(llama(0, **config), local, max_shard_size=50_000)
     save(llama(0, **config, tie_word_embeddings=True), s3)
+    # a Mixtral folder as transformers writes it (experts one by one): FSDP2 over 4 gives each rank one expert
+    torch.manual_seed(0)
+    MixtralForCausalLM(MixtralConfig(**MIXTRAL)).save_pretrained(tmp_path / "mixtral")
     cases = [dict(name="fsdp2xtp2", source=local, layout="fsdp2xtp2", config=config),
-             dict(name="fsdp4", source=s3, layout="fsdp4", config={**config, "tie_word_embeddings": True})]
+             dict(name="fsdp4", source=s3, layout="fsdp4", config={**config, "tie_word_embeddings": True}),
+             dict(name="mixtral", source=str(tmp_path / "mixtral"), layout="fsdp4", config=MIXTRAL, mixtral=True)]
     results = run_on_two_hosts(WORKER, cases, tmp_path, processes_per_host=2, preload=HF)
+    experts = results.pop("mixtral")
+    assert experts["max_diff"] == 0.0, experts
+    size = os.path.getsize(tmp_path / "mixtral" / "model.safetensors")
+    assert all(b < 0.3 * size for b in experts["bytes_read"]), (experts["bytes_read"], size)
     total = {"fsdp2xtp2": sum(t.numel() * 4 for t in llama(0, **config).state_dict().values()),
              "fsdp4": sum(t.numel() * 4 for t in llama(0, **config, tie_word_embeddings=True).parameters())}
     for name, got in results.items():

@@ -1,7 +1,8 @@
 """Worker for the sharded weights-load tests (2 emulated hosts x 2 processes, two torchrun agents).
 
-For every case in argv[1] (JSON list: name, source, layout "fsdp4" or "fsdp2xtp2", the model config) it
-builds the HF Llama with another seed than the one that wrote `source`, shards it (TP colwise q/k/v/gate/up
+For every case in argv[1] (JSON list: name, source, layout "fsdp4" or "fsdp2xtp2", the model config; "mixtral":
+true for a Mixtral whose folder transformers wrote with its experts one by one, compared with the model of seed 0
+that wrote it) it builds the HF model with another seed than the one that wrote `source`, shards it (TP colwise q/k/v/gate/up
 and rowwise o/down over "tp", then FSDP2 per decoder layer and the root over "dp"), loads with
 `load_pretrained_into`, and compares every parameter, gathered with `full_tensor()`, with the file's
 tensor. Rank 0 writes {name: {"max_diff", "bytes_read" (per rank), "tensors", "placements"}} to argv[2].
@@ -17,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from trainyard.engine.components.checkpoint import storage_options
 from trainyard.engine.models.hf.weights import load_pretrained_into
@@ -30,7 +31,7 @@ TP_PLAN = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwisePar
 
 def sharded_model(case: dict) -> LlamaForCausalLM:
     torch.manual_seed(1000 + dist.get_rank())  # other values than the files hold, on every rank
-    model = LlamaForCausalLM(LlamaConfig(**case["config"]))
+    model = _build(case)
     world = dist.get_world_size()
     if case["layout"] == "fsdp2xtp2":
         mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
@@ -45,6 +46,12 @@ def sharded_model(case: dict) -> LlamaForCausalLM:
     return model
 
 
+def _build(case: dict):
+    if case.get("mixtral"):
+        return MixtralForCausalLM(MixtralConfig(**case["config"]))
+    return LlamaForCausalLM(LlamaConfig(**case["config"]))
+
+
 def file_tensors(source: str) -> dict[str, torch.Tensor]:
     fs, root = url_to_fs(source, **storage_options(source))
     tensors = {}
@@ -55,8 +62,12 @@ def file_tensors(source: str) -> dict[str, torch.Tensor]:
 
 def run(case: dict) -> dict:
     model = sharded_model(case)
-    report = load_pretrained_into(model, case["source"])
-    expected = file_tensors(case["source"])
+    report = load_pretrained_into(model, case["source"], model_type=model.config.model_type)
+    if case.get("mixtral"):
+        torch.manual_seed(0)
+        expected = _build(case).state_dict()
+    else:
+        expected = file_tensors(case["source"])
     worst, placements = 0.0, set()
     for name, param in model.named_parameters():
         if isinstance(param, DTensor):
