@@ -275,8 +275,9 @@ def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
     the model ties it to one the file has; a name in `elsewhere` (held by another pipeline stage) is not
     unexpected. `targets`: the tensors to fill by the files' names (default: the model's, by its state-dict
     names). `model_type`: a Hugging Face config's; files that name its tensors as published checkpoints do
-    (a mixture of experts' experts one by one) are read into the model's packed tensors (`_convert`). Returns {"tensors": copied, "bytes_read": bytes this rank
-    fetched (headers included), "files": file names, "missing": [...], "unexpected": [...]}.
+    (a mixture of experts' experts one by one) are read into the model's packed tensors (`_convert`). Returns
+    {"tensors": copied, "bytes_read": bytes this rank fetched (headers included), "files": file names,
+    "missing": [...], "unexpected": [...]}.
     """
     _check_uri(source)
     fs, root = filesystem(source)
@@ -376,7 +377,7 @@ def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model
                 named.setdefault(renamed[:m.start()] + target, {})[name] = entry
                 break
         else:
-            out[renamed] = entry
+            out[renamed if renamed in targets else name] = entry  # a mismatch is named as the files name it
     for target, by_source in pieces.items():
         sources = [by_source.get(k, {}) for k in range(max(by_source) + 1)]
         experts = len(sources[0])
