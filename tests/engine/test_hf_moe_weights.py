@@ -66,7 +66,7 @@ def test_a_rank_reads_only_the_bytes_of_its_experts(tmp_path, monkeypatch):
     full = source.state_dict()[name]
     fs, root = weights.filesystem(folder)
     entries, _ = weights._read_headers(fs, [f"{root}/model.safetensors"])
-    entry = weights._convert(entries, {name: full}, "mixtral")[name]
+    entry = weights._convert(entries, {name: full}, "mixtral")[0][name]
     assert entry.shape == tuple(full.shape) and len(entry.parts) == 4
     target = torch.zeros(2, *full.shape[1:])
     real = weights.local_indices
@@ -82,11 +82,43 @@ def test_a_missing_expert_or_no_model_type_is_refused_by_name(tmp_path):
     model = _model("qwen3_moe", 1)
     with pytest.raises(WeightNamesError, match=r"missing .*model\.layers\.0\.mlp\.experts\.gate_up_proj"):
         load_pretrained_into(model, folder)  # no model_type: the files' names as they are
-    state = {k: v for k, v in _file_tensors(folder).items() if ".experts.3.up_proj" not in k}
     from safetensors.torch import save_file
-    save_file(state, f"{folder}/model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(WeightNamesError, match=r"unexpected .*experts\.\d\.(gate|down)_proj\.weight"):
+    tensors = _file_tensors(folder)
+    for drop, said in ((".experts.3.up_proj", r"gate_up_proj: the files hold experts \[0, 1, 2\] for its part 2 of 2; "
+                                              r"the model has 4 \(0-3\)"),
+                       (".experts.3.down_proj", r"down_proj: the files hold experts \[0, 1, 2\] for its part 1 of 1")):
+        save_file({k: v for k, v in tensors.items() if drop not in k}, f"{folder}/model.safetensors",
+                  metadata={"format": "pt"})
+        with pytest.raises(WeightNamesError, match=r"unexpected .*experts\.\d\.(gate|down)_proj\.weight.*" + said):
+            load_pretrained_into(model, folder, model_type="qwen3_moe")
+    odd = {k: (v.to(torch.bfloat16) if ".experts.1.gate_proj" in k else v) for k, v in tensors.items()}
+    save_file(odd, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightNamesError, match=r"expert 1's part 1 is \(12, 16\) torch.bfloat16, expert 0's "
+                                               r"\(12, 16\) torch.float32"):
         load_pretrained_into(model, folder, model_type="qwen3_moe")
+
+
+def test_a_pipeline_stage_leaves_the_other_stage_s_experts_to_it(tmp_path):
+    """Under pipeline parallelism a stage holds some layers; the other stage's experts (and Mixtral's renamed
+    router) are converted like its own and are not unexpected."""
+    source, folder = _saved("mixtral", tmp_path)
+    model = _model("mixtral", 1)
+    mine = {n: t for n, t in weights.model_tensors(model).items() if ".layers.1." not in n}
+    others = frozenset(n for n in weights.model_tensors(model) if ".layers.1." in n)
+    report = load_pretrained_into(model, folder, model_type="mixtral", targets=mine, elsewhere=others)
+    assert report["missing"] == report["unexpected"] == []
+    want = source.state_dict()
+    assert all(torch.equal(t, want[n]) for n, t in mine.items())
+
+
+def test_lora_on_the_packed_experts_is_refused_by_name(engine):
+    peft = pytest.importorskip("peft")
+    import trainyard.engine as te
+
+    model = peft.get_peft_model(_model("mixtral", 0), peft.LoraConfig(r=4, target_modules="all-linear"))
+    with pytest.raises(ValueError, match=r"LoRA on model\.layers\.0\.mlp\.\w+ \(peft's ParamWrapper.*name the "
+                                         r"linear layers to adapt instead of all-linear"):
+        te.transform(model)
 
 
 def _file_tensors(folder: str) -> dict[str, torch.Tensor]:

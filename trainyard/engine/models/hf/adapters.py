@@ -71,10 +71,23 @@ def _check_adapters(model: nn.Module) -> None:
                              "use_dora=False")
 
 
+def _check_wrapped_parameters(model: nn.Module) -> None:
+    """peft's LoRA on bare parameters (`ParamWrapper`: a mixture of experts' router and packed experts, which peft
+    >= 0.21 adapts under target_modules="all-linear") is not verified here: its parameters nest `base_layer` twice, and
+    neither loading the base weights nor merging is exact for it."""
+    wrapped = [n for n, m in model.named_modules() if type(m).__name__ == "ParamWrapper"]
+    if wrapped:
+        raise ValueError(f"LoRA on {wrapped[0].rsplit('base_model.model.', 1)[-1]} (peft's ParamWrapper: LoRA on a "
+                         "module's bare parameters, as peft adapts a mixture of experts' router and packed experts; "
+                         f"{len(wrapped)} module(s)) is not verified in the engine; name the linear layers to adapt "
+                         "instead of all-linear (e.g. q_proj,k_proj,v_proj,o_proj)")
+
+
 def spec_for(model: nn.Module) -> ModelSpec | None:
     if not is_peft(model):
         return None
     _check_adapters(model)
+    _check_wrapped_parameters(model)
     inner = inner_model(model)
     base = hf_spec.spec_for(inner)
     if base is None:

@@ -284,8 +284,8 @@ def load_pretrained_into(model: nn.Module, source: str, *, strict: bool = True,
     files = _weight_files(fs, root, source)
     entries, bytes_read = _read_headers(fs, files)
     targets = model_tensors(model) if targets is None else targets
-    entries = _convert(entries, targets, model_type)
-    plan, missing, unexpected = _match_names(targets, entries, source, strict, elsewhere)
+    entries, notes = _convert(entries, targets, model_type, elsewhere)
+    plan, missing, unexpected = _match_names(targets, entries, source, strict, elsewhere, notes)
     _check_targets(plan, entries, source)
     with torch.no_grad():
         reads = [_plan_read(name, tensor, entries[name]) for name, tensor in plan]
@@ -346,8 +346,8 @@ def _read_header(fs, path: str) -> tuple[dict[str, _Entry], int]:
     return entries, 8 + length
 
 
-def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model_type: str | None
-             ) -> dict[str, _Entry]:
+def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model_type: str | None,
+             elsewhere: frozenset[str] = frozenset()) -> tuple[dict[str, _Entry], list[str]]:
     """`entries` as the model names them, where the files follow the names of published checkpoints that
     transformers itself converts when it loads (`transformers.conversion_mapping`, by `model_type`): a module
     renamed (Mixtral's `block_sparse_moe` is `mlp`), and a mixture of experts' experts one by one
@@ -355,11 +355,14 @@ def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model
     the concatenation of expert e's gate and up matrices). Only those two kinds of rule are read (a rename of a
     plain string; stacking experts, `MergeModulelist(dim=0)`, then concatenating the sources, `Concatenate(dim=1)`);
     any other leaves the names as they are, and a mismatch is then refused by name. Names the model already has
-    are kept."""
+    are kept; names of `elsewhere` (other pipeline stages') are converted as the model's own. Returns the entries
+    and what kept a packed tensor from being assembled (for the refusal's message)."""
     rules = _conversion_rules(model_type) if model_type and any(n not in targets for n in entries) else None
     if not rules:
-        return entries
+        return entries, []
     renames, stacks = rules
+    known = targets.keys() | elsewhere
+    notes: list[str] = []
     out: dict[str, _Entry] = {}
     pieces: dict[str, dict[int, dict[int, _Entry]]] = {}  # target name -> source index -> expert -> entry
     named: dict[str, dict[str, _Entry]] = {}  # target name -> the files' names of its pieces
@@ -372,26 +375,44 @@ def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model
             renamed = renamed.replace(old, new)
         for pattern, target, k in stacks:
             m = pattern.search(renamed)
-            if m and renamed[:m.start()] + target in targets:
+            if m and renamed[:m.start()] + target in known:
                 pieces.setdefault(renamed[:m.start()] + target, {}).setdefault(k, {})[int(m.group(1))] = entry
                 named.setdefault(renamed[:m.start()] + target, {})[name] = entry
                 break
         else:
-            out[renamed if renamed in targets else name] = entry  # a mismatch is named as the files name it
+            out[renamed if renamed in known else name] = entry  # a mismatch is named as the files name it
     for target, by_source in pieces.items():
         sources = [by_source.get(k, {}) for k in range(max(by_source) + 1)]
-        experts = len(sources[0])
+        # the experts the model holds (a DTensor's shape is the global one); another stage's: as the files number them
+        experts = targets[target].shape[0] if target in targets else max(max(s, default=-1) for s in sources) + 1
         rows = tuple(tuple(src.get(e) for src in sources) for e in range(experts))
-        first = rows[0][0] if rows and rows[0] and rows[0][0] is not None else None
-        whole = first is not None and all(len(src) == experts for src in sources) and all(
-            p is not None and p.dtype == first.dtype and p.shape[1:] == first.shape[1:] and
-            p.shape[0] == src_first.shape[0] for row in rows for p, src_first in zip(row, rows[0]))
-        if not whole:  # an expert or a matrix missing, or pieces that do not stack: left to be refused by name
+        problem = _stack_problem(rows, sources, experts)
+        if problem:  # left as the files name them, to be refused by name with the reason
+            notes.append(f"{target}: {problem}")
             out.update(named[target])
             continue
+        first = rows[0][0]
         shape = (experts, sum(p.shape[0] for p in rows[0]), *first.shape[1:])
         out[target] = _Entry(first.path, first.dtype, shape, 0, 0, parts=rows)
-    return out
+    return out, notes
+
+
+def _stack_problem(rows: tuple, sources: list[dict[int, _Entry]], experts: int) -> str | None:
+    """Why these per-expert matrices do not make the packed tensor of `experts` rows, or None when they do."""
+    for k, src in enumerate(sources):
+        lacking = [e for e in range(experts) if e not in src]
+        extra = sorted(e for e in src if e >= experts)
+        if lacking or extra:
+            return (f"the files hold experts {sorted(src)} for its part {k + 1} of {len(sources)}; the model has "
+                    f"{experts} (0-{experts - 1})")
+    for e, row in enumerate(rows):
+        for k, (p, q) in enumerate(zip(row, rows[0])):
+            if p.dtype != q.dtype or p.shape != q.shape:
+                return (f"expert {e}'s part {k + 1} is {tuple(p.shape)} {p.dtype}, expert 0's "
+                        f"{tuple(q.shape)} {q.dtype}")
+        if any(p.shape[1:] != row[0].shape[1:] for p in row):
+            return f"expert {e}'s parts do not concatenate: {[tuple(p.shape) for p in row]}"
+    return None
 
 
 def _conversion_rules(model_type: str) -> tuple[list[tuple[str, str]], list[tuple[re.Pattern, str, int]]] | None:
@@ -441,7 +462,8 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _match_names(targets: dict[str, torch.Tensor], entries: dict[str, _Entry], source: str, strict: bool,
-                 elsewhere: frozenset[str] = frozenset()) -> tuple[list[tuple[str, torch.Tensor]], list[str], list[str]]:
+                 elsewhere: frozenset[str] = frozenset(),
+                 notes: list[str] | None = None) -> tuple[list[tuple[str, torch.Tensor]], list[str], list[str]]:
     """(name, tensor) to load, one per tensor object (tied names are aliases of one), missing, unexpected."""
     aliases: dict[int, list[str]] = {}
     for name, tensor in targets.items():
@@ -459,6 +481,8 @@ def _match_names(targets: dict[str, torch.Tensor], entries: dict[str, _Entry], s
                    f"the files do not): {_listed(missing)}; {len(unexpected)} unexpected (the files have them, the "
                    f"model does not): {_listed(unexpected)}. Load weights written for this model's config, or pass "
                    f"strict=False to load the names both have")
+        if notes:
+            message += f". Experts stored one by one that do not stack: {'; '.join(notes[:_LISTED])}"
         if strict:
             raise WeightNamesError(message)
         warnings.warn(message, stacklevel=3)
