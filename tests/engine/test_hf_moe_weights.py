@@ -98,6 +98,18 @@ def test_a_missing_expert_or_no_model_type_is_refused_by_name(tmp_path):
         load_pretrained_into(model, folder, model_type="qwen3_moe")
 
 
+def test_experts_both_packed_and_one_by_one_are_refused_not_picked(tmp_path):
+    """Two copies of the same weights that may differ: which one is meant is not for the loader to guess."""
+    from safetensors.torch import save_file
+
+    source, folder = _saved("olmoe", tmp_path)
+    packed = {"model.layers.0.mlp.experts.down_proj": source.state_dict()["model.layers.0.mlp.experts.down_proj"]}
+    save_file({**_file_tensors(folder), **packed}, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightNamesError, match=r"model\.layers\.0\.mlp\.experts\.down_proj: the files hold it packed "
+                                               r"as well"):
+        load_pretrained_into(_model("olmoe", 1), folder, model_type="olmoe")
+
+
 def test_a_pipeline_stage_leaves_the_other_stage_s_experts_to_it(tmp_path):
     """Under pipeline parallelism a stage holds some layers; the other stage's experts (and Mixtral's renamed
     router) are converted like its own and are not unexpected."""

@@ -213,6 +213,10 @@ def _apply_moe(part: nn.Module, spec: ModelSpec, dims: ParallelDims, device: tor
     rank's pipeline stage) and, under expert parallelism, its experts spread (distributed/experts.py). Returns the
     layout."""
     if spec.apply_moe is None:
+        if dims.ep > 1 and spec.name.startswith("peft:"):
+            raise ValueError(f"expert_parallel_degree {dims.ep} with a PEFT model ({spec.name}): spreading the experts "
+                             "of a model under LoRA adapters is not verified in the engine; set expert_parallel_degree "
+                             "to 1 (MiCS still shards the experts), or train without adapters")
         if dims.ep > 1:
             raise ValueError(f"expert_parallel_degree {dims.ep}: the engine knows no experts in {spec.name} (the "
                              "built-in model with n_experts > 0 and Hugging Face mixtures of experts have them); set "

@@ -386,7 +386,7 @@ def _convert(entries: dict[str, _Entry], targets: dict[str, torch.Tensor], model
         # the experts the model holds (a DTensor's shape is the global one); another stage's: as the files number them
         experts = targets[target].shape[0] if target in targets else max(max(s, default=-1) for s in sources) + 1
         rows = tuple(tuple(src.get(e) for src in sources) for e in range(experts))
-        problem = _stack_problem(rows, sources, experts)
+        problem = "the files hold it packed as well" if target in out else _stack_problem(rows, sources, experts)
         if problem:  # left as the files name them, to be refused by name with the reason
             notes.append(f"{target}: {problem}")
             out.update(named[target])
