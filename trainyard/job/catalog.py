@@ -47,9 +47,18 @@ class InstanceType:
 
 
 @cache
+def _document() -> dict:
+    """catalog/instance_types.json, read once per process."""
+    return json.loads(resources.files("trainyard.job").joinpath("catalog/instance_types.json").read_text())
+
+
 def _catalog() -> dict[str, dict]:
-    text = resources.files("trainyard.job").joinpath("catalog/instance_types.json").read_text()
-    return json.loads(text)["instance_types"]
+    return _document()["instance_types"]
+
+
+def performance() -> dict:
+    """The catalog's `performance` section: datasheet figures per GPU kind (trainyard/job/plan reads them)."""
+    return _document()["performance"]
 
 
 def known_types() -> list[str]:
@@ -94,23 +103,21 @@ def lookup(instance_type: object) -> InstanceType:
 
 
 @cache
-def _capabilities() -> dict[str, str]:
-    text = resources.files("trainyard.job").joinpath("catalog/instance_types.json").read_text()
-    return json.loads(text)["performance"]["compute_capability"]
+def _capabilities() -> dict[str, tuple[int, int]]:
+    """{GPU kind: CUDA compute capability}, "9.0" read as (9, 0)."""
+    return {kind: tuple(int(x) for x in text.split(".")) for kind, text in performance()["compute_capability"].items()}
 
 
 def compute_capability(it: InstanceType) -> tuple[int, int] | None:
     """The CUDA compute capability of `it`'s GPUs, (9, 0) for H100; None for no GPU, or one the catalog lacks
     (`local_gpu`: the engine asks the GPU itself)."""
-    text = _capabilities().get(it.accelerator) if it.num_gpus else None
-    return tuple(int(x) for x in text.split(".")) if text else None
+    return _capabilities().get(it.accelerator) if it.num_gpus else None
 
 
 def types_with_capability(minimum: tuple[int, int]) -> list[str]:
     """The instance families (`p5`, `g6e`) whose GPUs have at least compute capability `minimum`."""
-    caps = {name: tuple(int(x) for x in text.split(".")) for name, text in _capabilities().items()}
     return sorted({name.split(".")[0] for name, row in _catalog().items()
-                   if row["accelerator_kind"] == "gpu" and caps.get(row["accelerator"], (0, 0)) >= minimum})
+                   if row["accelerator_kind"] == "gpu" and _capabilities().get(row["accelerator"], (0, 0)) >= minimum})
 
 
 PRICES_FILE = "catalog/prices.json"

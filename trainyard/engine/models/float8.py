@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainyard.engine.config import FP8_MIN_CAPABILITY
+from trainyard.engine.config import FP8_MIN_CAPABILITY as MIN_CAPABILITY  # the SDK checks instance types by it too
 
-MIN_CAPABILITY = FP8_MIN_CAPABILITY  # the SDK refuses instance types below it before a job starts
 ALIGNMENT = 16  # the FP8 GEMM (torch._scaled_mm) wants both widths multiples of 16
 FP8_EXTRA = "pip install 'trainyard[fp8]'"
 

@@ -70,29 +70,24 @@ def _layout(*, dp: int, p: int, tp: int = 1, mbs: int = 1, micro: int = 1, ac: s
                   cpu_offload=offload)
 
 
+def _torchtitan_8b(gpus: int, table: int, tokens: int, *, compiled: bool) -> Published:
+    """Tables 1 (8 GPUs) and 3 (128): Llama 3.1 8B, FSDP, local batch 2, selective AC, bf16, with or without
+    torch.compile."""
+    how = "FSDP + torch.compile" if compiled else "FSDP, no compile"
+    return Published(name=f"torchtitan Llama 3.1 8B, {gpus} H100, FSDP{', compiled' if compiled else ''}",
+                     instance_type="p5.48xlarge", instance_count=gpus // 8,
+                     source=f"{TORCHTITAN}, Table {table}: Llama 3.1 8B, {gpus} GPUs, {how}, local batch 2, selective "
+                            f"AC, bf16: {tokens:,} tokens/s/GPU",
+                     model=from_preset("llama3-8b"), seq_len=8192,
+                     layout=_layout(dp=gpus, p=gpus, mbs=2, ac="selective"), tokens_per_s_per_gpu=tokens,
+                     compiled=compiled)
+
+
 PUBLISHED = [
-    Published(name="torchtitan Llama 3.1 8B, 8 H100, FSDP", instance_type="p5.48xlarge", instance_count=1,
-              source=f"{TORCHTITAN}, Table 1: Llama 3.1 8B, 8 GPUs, FSDP, local batch 2, selective AC, bf16, no "
-                     "compile: 5,762 tokens/s/GPU",
-              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=8, p=8, mbs=2, ac="selective"),
-              tokens_per_s_per_gpu=5762),
-    Published(name="torchtitan Llama 3.1 8B, 128 H100, FSDP", instance_type="p5.48xlarge", instance_count=16,
-              source=f"{TORCHTITAN}, Table 3: Llama 3.1 8B, 128 GPUs, FSDP, local batch 2, selective AC, bf16, no "
-                     "compile: 5,605 tokens/s/GPU",
-              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=128, p=128, mbs=2, ac="selective"),
-              tokens_per_s_per_gpu=5605),
-    Published(name="torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled", instance_type="p5.48xlarge",
-              instance_count=1,
-              source=f"{TORCHTITAN}, Table 1: Llama 3.1 8B, 8 GPUs, FSDP + torch.compile, local batch 2, selective "
-                     "AC, bf16: 6,667 tokens/s/GPU",
-              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=8, p=8, mbs=2, ac="selective"),
-              tokens_per_s_per_gpu=6667, compiled=True),
-    Published(name="torchtitan Llama 3.1 8B, 128 H100, FSDP, compiled", instance_type="p5.48xlarge",
-              instance_count=16,
-              source=f"{TORCHTITAN}, Table 3: Llama 3.1 8B, 128 GPUs, FSDP + torch.compile, local batch 2, "
-                     "selective AC, bf16: 6,514 tokens/s/GPU",
-              model=from_preset("llama3-8b"), seq_len=8192, layout=_layout(dp=128, p=128, mbs=2, ac="selective"),
-              tokens_per_s_per_gpu=6514, compiled=True),
+    _torchtitan_8b(8, 1, 5762, compiled=False),
+    _torchtitan_8b(128, 3, 5605, compiled=False),
+    _torchtitan_8b(8, 1, 6667, compiled=True),
+    _torchtitan_8b(128, 3, 6514, compiled=True),
     Published(name="torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8, compiled", instance_type="p5.48xlarge",
               instance_count=32,
               source=f"{TORCHTITAN}, Table 4: Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, local batch 16, full AC, "

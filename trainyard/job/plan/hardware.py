@@ -10,11 +10,8 @@ Bandwidth a collective gets, per GPU and per direction:
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 
 from trainyard.job import catalog
 from trainyard.errors import ConfigError
@@ -89,12 +86,6 @@ class Hardware:
         return int(self.host_memory_bytes * USABLE_HOST_MEMORY_FRACTION / self.gpus_per_host)
 
 
-@cache
-def _performance() -> dict:
-    text = resources.files("trainyard.job").joinpath("catalog/instance_types.json").read_text()
-    return json.loads(text)["performance"]
-
-
 # Local CPU hosts (instance_type "local"): no datasheet, so nominal figures that keep the ranking meaningful
 # (memory first, then compute against communication): a CPU core-group's order of magnitude, loopback TCP.
 LOCAL_FLOPS = 1e11
@@ -104,7 +95,7 @@ LOCAL_BYTES_PER_S = 1e9
 def bf16_peak_tflops(instance_type: str) -> float | None:
     """The bf16 dense datasheet peak of one GPU of `instance_type` (None: no GPU, or one the table lacks)."""
     it = catalog.lookup(instance_type)
-    facts = _performance()["accelerators"].get(it.accelerator) if it.num_gpus else None
+    facts = catalog.performance()["accelerators"].get(it.accelerator) if it.num_gpus else None
     return facts["bf16_dense_tflops"] if facts else None
 
 
@@ -123,7 +114,7 @@ def hardware(instance_type: str, instance_count: int, *, region: str = "us-east-
     it = catalog.lookup(instance_type)
     if it.name == catalog.LOCAL:
         return _local(processes_per_host or 1)
-    perf = _performance()
+    perf = catalog.performance()
     facts = perf["accelerators"].get(it.accelerator)
     if it.num_gpus == 0 or facts is None:
         known = sorted(n for n, v in catalog._catalog().items() if v["accelerator"] in perf["accelerators"])
